@@ -1,0 +1,202 @@
+"""`reinforge <command> CONFIG.toml [section.key=value ...]`.
+
+Parses arguments and config before importing torch, so `--help` and config errors are instant.
+Every command ends with a summary and a distinct exit code (see `reinforge.errors.ExitCode`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from pathlib import Path
+
+from reinforge.errors import ConfigError, ExitCode, RunFailure
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reinforge", description="Train language models with reinforcement learning."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in [
+        ("train", "SFT stage (optional) then RL"),
+        ("sft", "supervised fine-tuning"),
+    ]:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.add_argument("config", nargs="?", help="TOML config (omit for all defaults)")
+        p.add_argument(
+            "overrides",
+            nargs="*",
+            metavar="section.key=value",
+            help="override a config value, e.g. rollout.temperature=0.7",
+        )
+        p.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="validate, print the resolved config and budgets, exit",
+        )
+        p.add_argument(
+            "--resume",
+            metavar="RUN_DIR",
+            help="continue the run in RUN_DIR from its latest checkpoint",
+        )
+    docs = sub.add_parser(
+        "config-docs", help="print the config reference (Markdown) generated from the field docs"
+    )
+    docs.add_argument("--output", "-o", help="write to this file instead of stdout")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    unknown = [x for x in extra if "=" not in x or x.startswith("-")]
+    if unknown:
+        parser.error(
+            f"unrecognized arguments: {' '.join(unknown)} (overrides look like section.key=value)"
+        )
+    if extra:
+        args.overrides = [*getattr(args, "overrides", []), *extra]
+    if args.command == "config-docs":
+        from reinforge.config_docs import render
+
+        text = render()
+        if args.output:
+            Path(args.output).write_text(text)
+        else:
+            sys.stdout.write(text)
+        return ExitCode.OK
+    try:
+        return run_command(args)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return ExitCode.CONFIG_ERROR
+    except RunFailure as e:
+        print(f"run failed: {e}", file=sys.stderr)
+        return ExitCode.RUNTIME_FAILURE
+
+
+def run_command(args) -> int:
+    from reinforge.config import ROOTS, load_config, to_toml
+
+    overrides = list(args.overrides)
+    config_path = args.config
+    if config_path and "=" in config_path and not Path(config_path).exists():
+        overrides.insert(0, config_path)
+        config_path = None
+    cfg = load_config(ROOTS[args.command], config_path, overrides)
+    if args.resume:
+        resume_dir = Path(args.resume)
+        cfg.run.output_dir, cfg.run.name = str(resume_dir.parent), resume_dir.name
+
+    from reinforge.preflight import run_preflight
+
+    pf = run_preflight(cfg)
+    if args.dry_run:
+        print(to_toml(cfg))
+        print_preflight(pf, cfg)
+        pf.raise_if_failed()
+        print("dry run: config and budgets OK; nothing was trained")
+        return ExitCode.OK
+    pf.raise_if_failed()
+    return execute(args, cfg)
+
+
+def execute(args, cfg) -> int:
+    from reinforge.config import to_toml
+    from reinforge.run import RunContext, Stopped
+    from reinforge.train.common import run_dir_of
+
+    ctx = RunContext(
+        run_dir_of(cfg),
+        resume=bool(args.resume),
+        overwrite=cfg.run.overwrite,
+        config_toml=to_toml(cfg),
+    )
+    ctx.install_signal_handlers()
+    try:
+        if args.command == "train":
+            from reinforge.train.rl import train
+
+            summary = train(cfg, ctx)
+        else:
+            from reinforge.train.sft_run import run_sft
+
+            summary = run_sft(cfg, ctx)
+    except Stopped as stop:
+        print(f"\nstopped by {stop.signal_name}; checkpoint saved at {stop.checkpoint}")
+        print(
+            f"resume with: reinforge {args.command} {args.config or ''} --resume {ctx.run_dir}".replace(
+                "  ", " "
+            )
+        )
+        return ExitCode.STOPPED_AFTER_SAVE
+    except (ConfigError, RunFailure):
+        raise
+    except KeyboardInterrupt as e:
+        print(
+            f"\ninterrupted: {e}; no checkpoint was written for the current step", file=sys.stderr
+        )
+        return ExitCode.RUNTIME_FAILURE
+    except (
+        Exception
+    ) as e:  # the one place a run's unexpected failure becomes a summary and an exit code
+        traceback.print_exc()
+        (ctx.run_dir / "error.txt").write_text(traceback.format_exc())
+        print(
+            f"\nrun failed after {ctx.elapsed():.0f}s: {type(e).__name__}: {e}\n"
+            f"run directory: {ctx.run_dir} (traceback in error.txt)",
+            file=sys.stderr,
+        )
+        return ExitCode.RUNTIME_FAILURE
+    summary.wall_s = ctx.elapsed()
+    print_summary(summary)
+    if summary.steps_trained == 0:
+        print(
+            f"nothing was trained: the run is already at step {summary.final_step} of run.max_steps = "
+            f"{cfg.run.max_steps}; raise run.max_steps to train further",
+            file=sys.stderr,
+        )
+        return ExitCode.NOTHING_TRAINED
+    return ExitCode.OK
+
+
+def print_preflight(pf, cfg) -> None:
+    from rich.table import Table
+
+    from reinforge.metrics import console
+
+    table = Table(title="preflight", show_header=False)
+    for k, v in pf.rows:
+        table.add_row(k, v)
+    for w in pf.warnings:
+        table.add_row("[yellow]warning[/]", w)
+    for e in pf.errors:
+        table.add_row("[red]error[/]", e)
+    console.print(table)
+
+
+def print_summary(s) -> None:
+    from rich.table import Table
+
+    from reinforge.metrics import console
+
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.1f}%"
+
+    table = Table(title=f"reinforge {s.command}: summary", show_header=False)
+    table.add_row("steps trained", f"{s.steps_trained} (now at step {s.final_step})")
+    if s.sft_eval_before is not None:
+        table.add_row("held-out accuracy before SFT", pct(s.sft_eval_before))
+    table.add_row("held-out accuracy before", pct(s.eval_before))
+    table.add_row("held-out accuracy after", pct(s.eval_after))
+    table.add_row("wall time", f"{s.wall_s:.0f} s")
+    table.add_row("run directory", str(s.run_dir))
+    for note in s.notes:
+        table.add_row("note", note)
+    console.print(table)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The config reference, generated from the pydantic models' field docs so it cannot drift.
+
+`reinforge config-docs -o docs/config.md` rewrites it; a test fails when the committed file differs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from reinforge.config import ROOTS, _variants
+
+
+def _type_name(annotation: Any) -> str:
+    text = getattr(annotation, "__name__", None) or str(annotation)
+    return text.replace("typing.", "").replace("Literal", "one of ").replace("NoneType", "None")
+
+
+def _fmt_default(value: Any) -> str:
+    if isinstance(value, str):
+        return f'`"{value}"`'
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, tuple):
+        value = list(value)
+    return f"`{value}`"
+
+
+def _bounds(field) -> str:
+    parts = []
+    for m in field.metadata:
+        for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+            if getattr(m, attr, None) is not None:
+                parts.append(f"{sym} {getattr(m, attr)}")
+    return ", ".join(parts)
+
+
+def _section_table(model: type[BaseModel]) -> list[str]:
+    lines = ["| key | type | default | bounds | description |", "|---|---|---|---|---|"]
+    for name, field in model.model_fields.items():
+        doc = " ".join((field.description or "").split()).replace("|", "\\|")
+        assert doc, f"{model.__name__}.{name} has no docstring"
+        lines.append(
+            f"| `{name}` | {_type_name(field.annotation)} | {_fmt_default(field.default)} | "
+            f"{_bounds(field)} | {doc} |"
+        )
+    return lines
+
+
+def render() -> str:
+    out = [
+        "# Configuration reference",
+        "",
+        "Generated from the config models' field docs by `reinforge config-docs -o docs/config.md`; "
+        "do not edit by hand.",
+        "",
+        "Every key can be set in the TOML file or on the command line as `section.key=value`. "
+        "An unknown or misplaced key is an error that names the right one.",
+        "",
+    ]
+    seen: set[str] = set()
+    for command, root in ROOTS.items():
+        out += [
+            f"## `reinforge {command}`",
+            "",
+            (root.__doc__ or "").strip(),
+            "",
+            "Sections: " + ", ".join(f"`[{s}]`" for s in root.model_fields),
+            "",
+        ]
+    for root in ROOTS.values():
+        for section, field in root.model_fields.items():
+            for variant in _variants(field.annotation):
+                key = variant.__name__
+                if key in seen:
+                    continue
+                seen.add(key)
+                title = f"### `[{section}]`"
+                if len(_variants(field.annotation)) > 1:
+                    title += f' with `name = "{variant.model_fields["name"].default}"`'
+                out += [title, "", *_section_table(variant), ""]
+    return "\n".join(out)

@@ -1,0 +1,1 @@
+"""Generation: the `Engine` interface and its implementations."""

@@ -1,0 +1,48 @@
+"""The generation interface the trainer, evaluator and server program against.
+
+An engine takes token ids (never text) and returns token ids with the sampler's logprob of each,
+so trajectories record exactly what the model saw and produced.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from reinforge.types import Completion
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int = 16
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    n: int = 1  # completions per prompt
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    seed: int = 0
+    ignore_eos: bool = False  # benchmarks force full-length completions
+
+    def __post_init__(self) -> None:
+        assert self.max_new_tokens >= 1 and self.n >= 1 and self.temperature >= 0
+
+
+@dataclass
+class GenerationStats:
+    num_prompt_tokens: int = 0
+    num_generated_tokens: int = 0
+    seconds: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """For each prompt, `params.n` completions, in order."""
+        ...
+
+    @property
+    def stats(self) -> GenerationStats:
+        """Counters of the last `generate` call."""
+        ...

@@ -1,0 +1,1 @@
+"""Loading and saving HF checkpoints, and the built-in tiny model."""

@@ -1,0 +1,109 @@
+"""Budgets checked before any model loads: context length, batch arithmetic, split sizes.
+
+Reads only the tokenizer and the model's config.json, so a mistake costs seconds, not a load.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reinforge.errors import ConfigError
+
+NUM_TRAIN_PROMPTS_PROBED = 512
+
+
+@dataclass
+class Preflight:
+    rows: list[tuple[str, str]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def raise_if_failed(self) -> None:
+        if self.errors:
+            raise ConfigError("preflight failed:\n  " + "\n  ".join(self.errors))
+
+
+def model_context(cfg) -> tuple[int, str]:
+    from transformers import AutoConfig
+
+    from reinforge.train.common import model_source
+
+    if cfg.model.max_context:
+        return cfg.model.max_context, "model.max_context"
+    source = model_source(cfg.model.path, cfg.run.seed)
+    try:
+        mcfg = AutoConfig.from_pretrained(source)
+    except OSError as e:
+        raise ConfigError(
+            f"model.path = {cfg.model.path!r}: cannot read its config ({e}); "
+            "give a local HF checkpoint folder or 'builtin:tiny'"
+        ) from None
+    context = getattr(mcfg, "max_position_embeddings", None)
+    if context is None:
+        raise ConfigError(
+            f"model.path = {cfg.model.path!r} has no max_position_embeddings; set model.max_context"
+        )
+    return int(context), "max_position_embeddings"
+
+
+def run_preflight(cfg) -> Preflight:
+    from reinforge.tasks import build_task_source
+    from reinforge.train.common import load_tokenizer, model_source, render_prompt
+
+    pf = Preflight()
+    context, context_from = model_context(cfg)
+    tokenizer = load_tokenizer(cfg.model.tokenizer or model_source(cfg.model.path, cfg.run.seed))
+    tasks = build_task_source(cfg.task)
+    probe = tasks.eval_tasks() + [tasks.train_task(i) for i in range(NUM_TRAIN_PROMPTS_PROBED)]
+    longest = max(len(render_prompt(tokenizer, t.messages)) for t in probe)
+    pf.rows.append(("model context", f"{context} ({context_from})"))
+    pf.rows.append(("longest prompt", f"{longest} tokens (over {len(probe)} tasks probed)"))
+
+    gen_budget = getattr(getattr(cfg, "rollout", None), "max_new_tokens", None)
+    budgets = [("rollout.max_new_tokens", gen_budget)] if gen_budget else []
+    eval_tokens = cfg.eval.max_new_tokens or gen_budget or 32
+    budgets.append(("eval.max_new_tokens", eval_tokens))
+    for name, new_tokens in budgets:
+        total = longest + new_tokens
+        pf.rows.append((f"prompt + {name}", f"{longest} + {new_tokens} = {total} of {context}"))
+        if total > context:
+            pf.errors.append(
+                f"longest prompt ({longest} tokens) + {name} ({new_tokens}) = {total} exceeds the model context "
+                f"({context}); set {name} <= {context - longest}"
+            )
+    if cfg.sft.steps > 0 or type(cfg).__name__ == "SFTConfig":
+        pf.rows.append(("sft", f"{cfg.sft.steps} steps x {cfg.sft.batch_size} examples"))
+    if hasattr(cfg, "rollout"):
+        _check_rl_batch(cfg, pf)
+    num_eval = cfg.eval.num_tasks or cfg.task.num_eval
+    if cfg.eval.num_tasks and cfg.eval.num_tasks > cfg.task.num_eval:
+        pf.errors.append(
+            f"eval.num_tasks = {cfg.eval.num_tasks} but the task has only {cfg.task.num_eval} held-out "
+            f"tasks; set eval.num_tasks <= {cfg.task.num_eval} or raise task.num_eval"
+        )
+    pf.rows.append(("held-out tasks", str(num_eval)))
+    return pf
+
+
+def _check_rl_batch(cfg, pf: Preflight) -> None:
+    r = cfg.rollout
+    seqs = r.prompts_per_step * r.samples_per_prompt
+    pf.rows.append(
+        (
+            "per RL step",
+            f"{r.prompts_per_step} prompts x {r.samples_per_prompt} samples = {seqs} sequences",
+        )
+    )
+    micro = min(cfg.train.micro_batch_size, seqs)
+    pf.rows.append(("micro-batches per step", f"{-(-seqs // micro)} of <= {micro} sequences"))
+    pf.rows.append(
+        (
+            "prompts consumed",
+            f"{r.prompts_per_step * cfg.run.max_steps} over {cfg.run.max_steps} steps",
+        )
+    )
+    if r.samples_per_prompt < 2:
+        pf.errors.append(
+            f"rollout.samples_per_prompt = {r.samples_per_prompt}: group-relative advantages need at least 2 samples "
+            "per prompt (every advantage would be 0); set rollout.samples_per_prompt = 8"
+        )

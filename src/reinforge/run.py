@@ -1,0 +1,85 @@
+"""A run's life around the trainer: its directory, signals, and the summary it ends with.
+
+Ctrl-C or SIGTERM asks the trainer to stop at the next step boundary; the trainer saves a
+checkpoint and raises `Stopped`, and the command exits with `ExitCode.STOPPED_AFTER_SAVE` and
+says how to resume. A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reinforge.errors import ConfigError
+
+
+class Stopped(Exception):
+    """Raised at a step boundary after a stop signal, once the checkpoint is on disk."""
+
+    def __init__(self, signal_name: str, checkpoint: Path | None):
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+        self.checkpoint = checkpoint
+
+
+@dataclass
+class Summary:
+    command: str
+    run_dir: Path
+    steps_trained: int = 0
+    final_step: int = 0
+    eval_before: float | None = None
+    eval_after: float | None = None
+    sft_eval_before: float | None = None
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class RunContext:
+    def __init__(self, run_dir: Path, resume: bool, overwrite: bool, config_toml: str):
+        self.run_dir = run_dir
+        self.resume = resume
+        self.started = time.perf_counter()
+        self.stop_signal: str | None = None
+        if resume:
+            if not (run_dir / "checkpoints" / "latest").exists():
+                raise ConfigError(
+                    f"--resume {run_dir}: no checkpoint found there (expected {run_dir}/checkpoints/latest); "
+                    "start a new run without --resume"
+                )
+        elif run_dir.exists() and any(run_dir.iterdir()):
+            if not overwrite:
+                raise ConfigError(
+                    f"run directory {run_dir} already holds a run; continue it with --resume {run_dir}, "
+                    f"choose another run.name, or set run.overwrite=true to replace it"
+                )
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.toml").write_text(config_toml)
+
+    def install_signal_handlers(self) -> None:
+        def handler(signum, frame):
+            name = signal.Signals(signum).name
+            if self.stop_signal is not None:
+                raise KeyboardInterrupt(f"second {name}: stopping without saving")
+            self.stop_signal = name
+            print(
+                f"\n{name} received: finishing this step, saving a checkpoint, then stopping "
+                "(send it again to stop at once)",
+                flush=True,
+            )
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+    @property
+    def should_stop(self) -> bool:
+        return self.stop_signal is not None
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started

@@ -1,0 +1,65 @@
+"""Multi-digit arithmetic: `a op b =`, answered with the number alone."""
+
+from __future__ import annotations
+
+import random
+import re
+
+from reinforge.config import ArithmeticTaskConfig
+from reinforge.types import Message, Task
+
+_NUMBER = re.compile(r"-?\d+")
+
+
+def parse_answer(completion: str) -> str | None:
+    """The first integer in the completion, or None. The model is trained to answer with the
+    number alone, so anything before it (or no number at all) is simply wrong, not guessed at."""
+    match = _NUMBER.match(completion.strip())
+    return match.group(0) if match else None
+
+
+class ArithmeticTasks:
+    name = "arithmetic"
+
+    def __init__(self, cfg: ArithmeticTaskConfig):
+        self.cfg = cfg
+        self._eval = [
+            self._make(random.Random(f"{cfg.seed}/eval/{i}"), f"eval-{i}")
+            for i in range(cfg.num_eval)
+        ]
+        self._eval_keys = {t.info["key"] for t in self._eval}
+
+    def _make(self, rng: random.Random, task_id: str) -> Task:
+        c = self.cfg
+
+        def operand() -> int:
+            digits = rng.randint(c.min_digits, c.max_digits)
+            low = 0 if digits == 1 else 10 ** (digits - 1)
+            return rng.randint(low, 10**digits - 1)
+
+        a, b, op = operand(), operand(), rng.choice(c.operations)
+        value = {"+": a + b, "-": a - b, "*": a * b}[op]
+        key = f"{a}{op}{b}"
+        return Task(
+            id=task_id,
+            messages=(Message("user", f"{a}{op}{b}="),),
+            answer=str(value),
+            solution=str(value),
+            info={"key": key},
+        )
+
+    def train_task(self, index: int) -> Task:
+        # Redraw (deterministically) the rare task that collides with a held-out one.
+        for attempt in range(1000):
+            task = self._make(
+                random.Random(f"{self.cfg.seed}/train/{index}/{attempt}"), f"train-{index}"
+            )
+            if task.info["key"] not in self._eval_keys:
+                return task
+        raise AssertionError("the eval split covers the whole task space")
+
+    def eval_tasks(self) -> list[Task]:
+        return list(self._eval)
+
+    def reward(self, completion: str, task: Task) -> float:
+        return 1.0 if parse_answer(completion) == task.answer else 0.0

@@ -1,0 +1,1 @@
+"""Trainers: the RL loop, SFT, optimizer and the pieces they share."""

@@ -1,0 +1,200 @@
+"""What both trainers share around their loops: loading the policy (fresh or from a checkpoint),
+held-out evaluation, checkpoint saving, the SFT phase, the progress bar."""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from reinforge.checkpoint import (
+    TrainerState,
+    checkpoints_dir,
+    latest_checkpoint,
+    load_optimizer,
+    load_trainer_state,
+    save_checkpoint,
+)
+from reinforge.engine.simple import SimpleEngine
+from reinforge.eval import EvalResult, evaluate
+from reinforge.metrics import MetricsLogger, console
+from reinforge.run import RunContext, Stopped
+from reinforge.train.common import (
+    load_model,
+    load_tokenizer,
+    model_source,
+    resolve_device,
+    resolve_dtype,
+)
+from reinforge.train.optim import build_optimizer
+from reinforge.train.sft import sft_examples, sft_step
+
+PHASE_RANK = {"sft": 0, "rl": 1}
+
+
+@dataclass
+class Policy:
+    model: torch.nn.Module
+    tokenizer: object
+    engine: SimpleEngine
+    device: torch.device
+    source: str  # where the weights were loaded from
+
+
+def load_policy(cfg, ctx: RunContext) -> tuple[Policy, TrainerState, Path | None]:
+    if cfg.run.num_threads:
+        torch.set_num_threads(cfg.run.num_threads)
+    torch.manual_seed(cfg.run.seed)
+    device = resolve_device(cfg.run.device)
+    dtype = resolve_dtype(cfg.run.dtype, device)
+    ckpt = latest_checkpoint(ctx.run_dir) if ctx.resume else None
+    if ckpt is not None:
+        source, state = str(ckpt), load_trainer_state(ckpt)
+    else:
+        source, state = model_source(cfg.model.path, cfg.run.seed), TrainerState("rl", 0, 0)
+    tokenizer = load_tokenizer(str(ckpt) if ckpt else (cfg.model.tokenizer or source))
+    model = load_model(source, device, dtype, cfg.model.gradient_checkpointing)
+    return Policy(model, tokenizer, SimpleEngine(model, tokenizer), device, source), state, ckpt
+
+
+def open_logger(cfg, ctx: RunContext, state: TrainerState) -> MetricsLogger:
+    resume_key = (PHASE_RANK[state.phase], state.step) if ctx.resume else None
+    return MetricsLogger(
+        ctx.run_dir,
+        cfg.log.tensorboard,
+        cfg.log.wandb,
+        cfg.log.wandb_project,
+        cfg.model_dump(mode="json"),
+        resume_key=resume_key,
+    )
+
+
+def held_out(cfg, tasks) -> list:
+    all_eval = tasks.eval_tasks()
+    return all_eval[: cfg.eval.num_tasks] if cfg.eval.num_tasks else all_eval
+
+
+def run_eval(cfg, policy: Policy, tasks, max_new_tokens: int) -> EvalResult:
+    return evaluate(
+        policy.engine,
+        policy.tokenizer,
+        tasks,
+        held_out(cfg, tasks),
+        max_new_tokens,
+        seed=cfg.run.seed,
+    )
+
+
+def save(
+    ctx: RunContext,
+    name: str,
+    policy: Policy,
+    optimizer,
+    scheduler,
+    state: TrainerState,
+    keep_last: int | None = None,
+) -> Path:
+    return save_checkpoint(
+        ctx.run_dir, name, policy.model, policy.tokenizer, optimizer, scheduler, state, keep_last
+    )
+
+
+def sft_phase(
+    cfg,
+    ctx: RunContext,
+    policy: Policy,
+    tasks,
+    state: TrainerState,
+    ckpt: Path | None,
+    logger: MetricsLogger,
+    total_steps: int,
+) -> TrainerState:
+    """Run (or finish) the SFT phase; returns the state RL starts from, saved as `sft_final`."""
+    s, o = cfg.sft, cfg.optim
+    optimizer, scheduler = build_optimizer(
+        policy.model,
+        s.lr,
+        o.betas,
+        o.eps,
+        o.weight_decay,
+        s.warmup_steps,
+        total_steps,
+        "cosine",
+        0.1,
+    )
+    if state.phase == "sft" and state.step > 0:
+        assert ckpt is not None
+        load_optimizer(ckpt, optimizer, scheduler)
+    else:
+        state = TrainerState("sft", 0, state.data_position)
+    every = max(total_steps // 10, 1)
+    for step in range(state.step + 1, total_steps + 1):
+        prompts, responses = sft_examples(
+            policy.tokenizer, tasks, state.data_position, s.batch_size
+        )
+        state.data_position += s.batch_size
+        metrics = sft_step(
+            policy.model,
+            policy.tokenizer,
+            optimizer,
+            scheduler,
+            prompts,
+            responses,
+            o.max_grad_norm,
+            micro_batch_size=s.batch_size,
+        )
+        state.step = step
+        logger.log(step, metrics, phase="sft")
+        if step % every == 0 or step == total_steps:
+            console.print(
+                f"sft {step:>5}/{total_steps} | loss {metrics['loss']:.4f} | lr {metrics['lr']:.2e}"
+            )
+        if ctx.should_stop and step < total_steps:
+            path = save(ctx, f"sft_step_{step:06d}", policy, optimizer, scheduler, state)
+            raise Stopped(ctx.stop_signal or "signal", path)
+    state = TrainerState("rl", 0, state.data_position, sft_done=True)
+    save(ctx, "sft_final", policy, None, None, state)
+    for stale in checkpoints_dir(ctx.run_dir).glob("sft_step_*"):
+        import shutil
+
+        shutil.rmtree(stale, ignore_errors=True)
+    return state
+
+
+def first_eval_from_log(run_dir: Path, key: str = "eval_accuracy") -> float | None:
+    """The held-out score logged at step 0 (before training) by an earlier process of this run."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return None
+    for line in path.read_text().splitlines():
+        row = json.loads(line)
+        if row.get("phase") == "rl" and row.get("step") == 0 and key in row:
+            return row[key]
+    return None
+
+
+@contextmanager
+def progress_bar(total: int, completed: int, description: str):
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task_id = bar.add_task(description, total=total, completed=completed)
+        yield lambda: bar.advance(task_id)

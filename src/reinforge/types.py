@@ -1,0 +1,65 @@
+"""The few dataclasses shared across layers: tasks, completions, trajectories, batches.
+
+Token-in/token-out: a trajectory holds the exact ids the model was given and produced, with the
+sampler's logprob for each produced id. The trainer never re-tokenizes text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True)
+class Task:
+    """One verifiable problem: the prompt messages, the answer a reward checks, and optionally a
+    reference solution (the response text SFT trains on)."""
+
+    id: str
+    messages: tuple[Message, ...]
+    answer: str
+    solution: str | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Completion:
+    """One sampled continuation of one prompt."""
+
+    token_ids: list[int]
+    logprobs: list[float]  # sampler logprob of each token in token_ids
+    finish_reason: str  # "stop" (stop id or string) or "length" (max_new_tokens)
+    text: str = ""
+
+
+@dataclass
+class Trajectory:
+    """A prompt, one completion of it, and what it earned."""
+
+    task: Task
+    prompt_ids: list[int]
+    completion: Completion
+    reward: float = 0.0
+    is_correct: bool = False
+    advantage: float = 0.0
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return len(self.completion.token_ids)
+
+
+@dataclass
+class Group:
+    """The n trajectories sampled from one prompt; group-relative advantages live here."""
+
+    task: Task
+    trajectories: list[Trajectory]
