@@ -1,0 +1,1 @@
+"""Environments: the protocol every env speaks, and the built-in envs."""
