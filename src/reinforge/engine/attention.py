@@ -1,0 +1,100 @@
+"""Attention over the paged KV pool, one backend per device type.
+
+A backend writes the step's new K/V into the pool by slot and attends: prefill (several query
+tokens per sequence, causal, packed back to back) and decode (one query token per sequence).
+The reference backend gathers each sequence's pages and calls torch SDPA with grouped-query
+heads. It is the seam for the GPU path: a Triton paged decode kernel (reading each page once per
+KV head) and packed varlen prefill register here under "cuda" without touching the model code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    """Where this step's tokens live in the pool; tensors on the model's device."""
+
+    is_prefill: bool
+    slot_mapping: torch.Tensor  # [T] flat pool slot of each computed token's K/V
+    block_tables: torch.Tensor  # [B, max_pages] physical pages of each sequence, 0-padded
+    context_lens: torch.Tensor  # [B] tokens each sequence attends to, this step's included
+    query_lens: list[int]  # tokens computed per sequence (host side: used to split)
+    context_lens_host: list[int]
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    name: str
+    write_kv: Callable[..., None]
+    prefill: Callable[..., torch.Tensor]
+    decode: Callable[..., torch.Tensor]
+
+
+def write_kv_index_copy(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k_TKD, v_TKD, slot_mapping_T: torch.Tensor
+) -> None:
+    """Caches are [pages, block_size, kv_heads, head_dim]."""
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping_T, k_TKD)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping_T, v_TKD)
+
+
+def gather_pages(cache: torch.Tensor, block_tables_BP: torch.Tensor) -> torch.Tensor:
+    """[B, kv_heads, max_pages * block_size, head_dim] view of each sequence's pages in order."""
+    pages = cache[block_tables_BP]  # [B, P, block_size, K, D]
+    B, P, S, K, D = pages.shape
+    return pages.reshape(B, P * S, K, D).transpose(1, 2)
+
+
+def prefill_sdpa(
+    q_THD, k_TKD, v_TKD, k_cache, v_cache, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """Causal attention of each sequence's new tokens over its whole context."""
+    out_THD = torch.empty_like(q_THD)
+    start = 0
+    for i, (num_q, num_ctx) in enumerate(zip(meta.query_lens, meta.context_lens_host)):
+        q = q_THD[start : start + num_q].transpose(0, 1)[None]  # [1, H, q, D]
+        if num_ctx == num_q:  # nothing cached before: the fresh K/V are the whole context
+            k = k_TKD[start : start + num_q].transpose(0, 1)[None]
+            v = v_TKD[start : start + num_q].transpose(0, 1)[None]
+            o = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=scale, enable_gqa=True
+            )
+        else:  # a cached prefix: query j sees keys up to num_ctx - num_q + j
+            k = gather_pages(k_cache, meta.block_tables[i : i + 1])[:, :, :num_ctx]
+            v = gather_pages(v_cache, meta.block_tables[i : i + 1])[:, :, :num_ctx]
+            q_pos = torch.arange(num_ctx - num_q, num_ctx, device=q.device)
+            mask = torch.arange(num_ctx, device=q.device)[None, :] <= q_pos[:, None]
+            o = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=scale, enable_gqa=True
+            )
+        out_THD[start : start + num_q] = o[0].transpose(0, 1)
+        start += num_q
+    return out_THD
+
+
+def decode_sdpa(q_BHD, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """One query per sequence over its pages; padding past each context length is masked."""
+    k = gather_pages(k_cache, meta.block_tables)
+    v = gather_pages(v_cache, meta.block_tables)
+    mask = torch.arange(k.shape[2], device=k.device)[None, :] < meta.context_lens[:, None]
+    o = F.scaled_dot_product_attention(
+        q_BHD[:, :, None], k, v, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
+    )
+    return o[:, :, 0]
+
+
+SDPA_BACKEND = AttentionBackend(
+    name="sdpa-gather", write_kv=write_kv_index_copy, prefill=prefill_sdpa, decode=decode_sdpa
+)
+# TODO(gpu): "cuda" gets a Triton paged decode kernel and varlen prefill; SDPA until then.
+ATTENTION_BACKENDS: dict[str, AttentionBackend] = {"cpu": SDPA_BACKEND, "cuda": SDPA_BACKEND}
+
+
+def select_attention_backend(device: torch.device) -> AttentionBackend:
+    return ATTENTION_BACKENDS.get(device.type, SDPA_BACKEND)

@@ -1,0 +1,142 @@
+"""Our own forward pass for the Qwen2/2.5, Qwen3 and Llama families over the paged KV pool.
+
+It reads the transformers model's parameters in place on every call
+(`model.model.layers[i].self_attn.q_proj.weight`, ...) and copies none, so an optimizer step on
+the trainer's model is seen by the next generation with nothing to sync. The three families
+differ only in optional pieces, each taken when the module has it: q/k/v biases (Qwen2),
+per-head q/k RMSNorm (Qwen3), and tied embeddings (read through `lm_head`, which then holds the
+embedding tensor). RoPE comes from the model's own rotary module, so every rope type transformers
+implements (default, linear, llama3, yarn, ...) is honoured as transformers computes it.
+
+Tokens are packed: hidden states are [T, hidden] over all sequences of the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from reinforge.engine.attention import AttentionBackend, AttentionMetadata
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim**-0.5
+
+    @classmethod
+    def from_config(cls, config) -> ModelShape:
+        head_dim = getattr(config, "head_dim", None) or (
+            config.hidden_size // config.num_attention_heads
+        )
+        return cls(
+            num_layers=config.num_hidden_layers,
+            num_heads=config.num_attention_heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            head_dim=head_dim,
+            rms_norm_eps=config.rms_norm_eps,
+        )
+
+
+def unsupported_reason(model) -> str | None:
+    """Why this model cannot take the paged forward, or None when it can."""
+    config = model.config
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        return f"architecture {config.model_type!r} has no paged forward (only {SUPPORTED_MODEL_TYPES})"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"activation {config.hidden_act!r} is not silu"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "rotary_emb"):
+        return "the model has no `model.rotary_emb` module"
+    if any(getattr(layer.self_attn, "sliding_window", None) for layer in inner.layers):
+        return "sliding-window attention is not implemented in the paged forward"
+    if getattr(config, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp > 1 is not implemented in the paged forward"
+    return None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm: normalise in float32, scale in the input dtype."""
+    dtype = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def apply_rope(x_THD: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor) -> torch.Tensor:
+    half = x_THD.shape[-1] // 2
+    rotated = torch.cat((-x_THD[..., half:], x_THD[..., :half]), dim=-1)
+    return x_THD * cos_TD[:, None] + rotated * sin_TD[:, None]
+
+
+def linear(x: torch.Tensor, proj: Any) -> torch.Tensor:
+    return F.linear(x, proj.weight, proj.bias)
+
+
+def attention_block(
+    attn: Any,  # transformers' attention module: duck-typed, read in place
+    x_TE: torch.Tensor,
+    cos_TD: torch.Tensor,
+    sin_TD: torch.Tensor,
+    kv_cache: torch.Tensor,  # [2, pages, block_size, kv_heads, head_dim] of this layer
+    meta: AttentionMetadata,
+    backend: AttentionBackend,
+    shape: ModelShape,
+) -> torch.Tensor:
+    T = x_TE.shape[0]
+    q = linear(x_TE, attn.q_proj).view(T, shape.num_heads, shape.head_dim)
+    k = linear(x_TE, attn.k_proj).view(T, shape.num_kv_heads, shape.head_dim)
+    v = linear(x_TE, attn.v_proj).view(T, shape.num_kv_heads, shape.head_dim)
+    if getattr(attn, "q_norm", None) is not None:  # Qwen3
+        q = rms_norm(q, attn.q_norm.weight, shape.rms_norm_eps)
+        k = rms_norm(k, attn.k_norm.weight, shape.rms_norm_eps)
+    q, k = apply_rope(q, cos_TD, sin_TD), apply_rope(k, cos_TD, sin_TD)
+    k_cache, v_cache = kv_cache[0], kv_cache[1]
+    backend.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    if meta.is_prefill:
+        o = backend.prefill(q, k, v, k_cache, v_cache, meta, shape.scale)
+    else:
+        o = backend.decode(q, k_cache, v_cache, meta, shape.scale)
+    return linear(o.reshape(T, shape.num_heads * shape.head_dim), attn.o_proj)
+
+
+def mlp_block(mlp: Any, x_TE: torch.Tensor) -> torch.Tensor:
+    return linear(F.silu(linear(x_TE, mlp.gate_proj)) * linear(x_TE, mlp.up_proj), mlp.down_proj)
+
+
+def forward(
+    model,
+    input_ids_T: torch.Tensor,
+    positions_T: torch.Tensor,
+    kv_cache: torch.Tensor,  # [layers, 2, pages, block_size, kv_heads, head_dim]
+    meta: AttentionMetadata,
+    logits_indices_B: torch.Tensor,  # which packed tokens' logits to return
+    backend: AttentionBackend,
+    shape: ModelShape,
+) -> torch.Tensor:
+    """Writes the K/V of every given token into the pool; returns logits [B, vocab]."""
+    inner = model.model
+    hidden = F.embedding(input_ids_T, inner.embed_tokens.weight)
+    cos, sin = inner.rotary_emb(hidden, positions_T[None])
+    cos_TD, sin_TD = cos[0], sin[0]
+    for i, layer in enumerate(inner.layers):
+        x = rms_norm(hidden, layer.input_layernorm.weight, shape.rms_norm_eps)
+        hidden = hidden + attention_block(
+            layer.self_attn, x, cos_TD, sin_TD, kv_cache[i], meta, backend, shape
+        )
+        x = rms_norm(hidden, layer.post_attention_layernorm.weight, shape.rms_norm_eps)
+        hidden = hidden + mlp_block(layer.mlp, x)
+    last = rms_norm(hidden[logits_indices_B], inner.norm.weight, shape.rms_norm_eps)
+    return linear(last, model.lm_head)

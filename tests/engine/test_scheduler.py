@@ -1,0 +1,105 @@
+"""Continuous batching in plain Python, driven by a deterministic stand-in for the model (the
+next token is a hash of the tokens so far), so recomputation after preemption must reproduce
+exactly what an unconstrained run produces."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from reinforge.engine.base import SamplingParams
+from reinforge.engine.block_manager import BlockManager
+from reinforge.engine.scheduler import Scheduler
+from reinforge.engine.sequence import Sequence, SequenceStatus
+
+
+def next_token(seq: Sequence) -> int:
+    return (sum((i + 1) * t for i, t in enumerate(seq.token_ids)) * 31 + seq.sample_index) % 97
+
+
+def finish_at_length(seq: Sequence) -> str | None:
+    return "length" if seq.num_output_tokens >= seq.params.max_new_tokens else None
+
+
+def check_invariants(scheduler: Scheduler) -> None:
+    bm = scheduler.block_manager
+    holders = Counter(block for seq in scheduler.running for block in seq.block_table)
+    assert all(bm.ref_counts[b] == holders.get(b, 0) for b in range(bm.num_blocks))
+    assert bm.num_used_blocks == len(holders)
+    assert all(not seq.block_table for group in scheduler.waiting for seq in group)
+    assert len(scheduler.running) <= scheduler.max_num_seqs
+
+
+def run(prompts, params, num_blocks, block_size=4, max_num_seqs=64, max_tokens=64):
+    scheduler = Scheduler(BlockManager(num_blocks, block_size), max_num_seqs, max_tokens)
+    groups = [
+        [Sequence(list(p), params, group_id=g, sample_index=k) for k in range(params.n)]
+        for g, p in enumerate(prompts)
+    ]
+    for group in groups:
+        scheduler.add(group)
+    num_steps = 0
+    while not scheduler.is_finished():
+        batch = scheduler.schedule()
+        check_invariants(scheduler)
+        # every member of a prefilled group is sampled from its leader's (shared) context
+        tokens = [next_token(seq) for seq in batch.seqs]
+        scheduler.postprocess(batch, tokens, [0.0] * len(tokens), finish_at_length)
+        num_steps += 1
+        assert num_steps < 10_000, "no progress"
+    assert scheduler.block_manager.num_free_blocks == num_blocks
+    return groups, scheduler
+
+
+PROMPTS = [list(range(1, 4)), list(range(10, 27)), list(range(30, 41)), [5] * 8]
+
+
+def test_all_requests_complete_and_pages_return():
+    params = SamplingParams(max_new_tokens=10, n=3)
+    groups, scheduler = run(PROMPTS, params, num_blocks=200)
+    assert scheduler.num_preemptions == 0
+    for group in groups:
+        for seq in group:
+            assert seq.status is SequenceStatus.FINISHED and seq.finish_reason == "length"
+            assert seq.num_output_tokens == 10 and seq.block_table == []
+    assert scheduler.peak_used_blocks < scheduler.peak_unshared_blocks
+
+
+def test_preemption_under_tiny_pool_reproduces_unconstrained_run():
+    params = SamplingParams(max_new_tokens=12, n=3)
+    free_groups, free_sched = run(PROMPTS, params, num_blocks=200)
+    # one sequence needs at most ceil((17 + 12 - 1) / 4) = 7 pages: 8 forces preemption
+    tight_groups, tight_sched = run(PROMPTS, params, num_blocks=8)
+    assert free_sched.num_preemptions == 0 and tight_sched.num_preemptions > 0
+    assert [[s.output_ids for s in g] for g in tight_groups] == [
+        [s.output_ids for s in g] for g in free_groups
+    ]
+
+
+def test_prefill_respects_sequence_cap_and_token_budget():
+    params = SamplingParams(max_new_tokens=2, n=2)
+    scheduler = Scheduler(BlockManager(100, 4), max_num_seqs=5, max_num_batched_tokens=20)
+    for p in ([1] * 8, [2] * 8, [3] * 8):
+        scheduler.add([Sequence(list(p), params, sample_index=k) for k in range(2)])
+    batch = scheduler.schedule()
+    assert batch.is_prefill and len(batch.groups) == 2  # 16 tokens; a third would make 24
+    assert len(batch.seqs) == 4 and scheduler.block_manager.num_used_blocks == 4
+    scheduler.postprocess(batch, [0] * 4, [0.0] * 4, finish_at_length)
+    batch = scheduler.schedule()  # the third group's 2 samples would make 6 > 5 sequences
+    assert not batch.is_prefill and len(batch.seqs) == 4
+
+
+def test_oversized_first_prompt_still_runs_alone():
+    params = SamplingParams(max_new_tokens=2)
+    groups, _ = run([[1] * 30, [2] * 3], params, num_blocks=50, max_tokens=16)
+    assert all(seq.num_output_tokens == 2 for group in groups for seq in group)
+
+
+def test_requests_that_cannot_fit_are_refused_at_add():
+    scheduler = Scheduler(BlockManager(num_blocks=4, block_size=4), max_num_seqs=4)
+    with pytest.raises(ValueError, match=r"needs 5 KV pages .* whole pool has 4"):
+        scheduler.add([Sequence([1] * 17, SamplingParams(max_new_tokens=1))])
+    scheduler.add([Sequence([1] * 16, SamplingParams(max_new_tokens=1))])  # exactly fits
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        scheduler.add([Sequence([1], SamplingParams(n=5)) for _ in range(5)])
