@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import sys
+import types
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -76,6 +77,10 @@ class ArithmeticTaskConfig(Section):
     """Most digits of an operand."""
     operations: list[Literal["+", "-", "*"]] = ["+", "-"]
     """Operations to draw from."""
+    partial_credit: float = Field(0.0, ge=0.0, lt=1.0)
+    """Reward for a wrong answer, scaled by the fraction of its digits (aligned from the right) that
+    match; 0 gives a plain 0/1 reward. Credit for the digits a wrong answer got right tells RL which
+    tokens to blame. Accuracy always counts exact answers only."""
     num_eval: int = Field(200, ge=1, le=100_000)
     """Held-out tasks scored before and after training (never used for training)."""
     seed: int = Field(1234, ge=0)
@@ -238,13 +243,18 @@ class TrainConfig(Section):
     log: LogSection = LogSection()
 
 
+class SFTOnlySection(SFTSection):
+    steps: int = Field(200, ge=1, le=10_000_000)
+    """SFT optimizer steps."""
+
+
 class SFTConfig(Section):
     """`reinforge sft`: supervised fine-tuning on a task's reference solutions."""
 
     run: RunSection = RunSection()
     model: ModelSection = ModelSection()
     task: TaskConfig = ArithmeticTaskConfig()
-    sft: SFTSection = SFTSection()
+    sft: SFTOnlySection = SFTOnlySection()
     optim: OptimSection = OptimSection()
     eval: EvalSection = EvalSection()
     checkpoint: CheckpointSection = CheckpointSection()
@@ -308,7 +318,7 @@ def _variants(annotation: Any) -> list[type[BaseModel]]:
         return [annotation]
     out: list[type[BaseModel]] = []
     origin = get_origin(annotation)
-    if origin is Annotated or origin is Union or str(origin) in ("types.UnionType",):
+    if origin is Annotated or origin is Union or origin is types.UnionType:
         for arg in get_args(annotation):
             out.extend(_variants(arg))
     return out

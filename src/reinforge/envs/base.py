@@ -29,8 +29,12 @@ class EnvState:
 class StepResult:
     messages: list[Message]  # environment replies to append (role "tool" or "user")
     done: bool
-    rewards: dict[str, float] = field(default_factory=dict)  # named components; the env's weights combine them
-    metrics: dict[str, float] = field(default_factory=dict)  # counters: tool calls, malformed calls, timeouts
+    rewards: dict[str, float] = field(
+        default_factory=dict
+    )  # named components; the env's weights combine them
+    metrics: dict[str, float] = field(
+        default_factory=dict
+    )  # counters: tool calls, malformed calls, timeouts
 
 
 class Env(Protocol):
@@ -56,4 +60,8 @@ class SingleTurnEnv:
         state.messages.append(assistant)
         state.turn += 1
         state.done = True
-        return StepResult(messages=[], done=True, rewards={"reward": self.reward_fn(assistant.content, state.task)})
+        return StepResult(
+            messages=[],
+            done=True,
+            rewards={"reward": self.reward_fn(assistant.content, state.task)},
+        )

@@ -62,4 +62,18 @@ class ArithmeticTasks:
         return list(self._eval)
 
     def reward(self, completion: str, task: Task) -> float:
-        return 1.0 if parse_answer(completion) == task.answer else 0.0
+        given = parse_answer(completion)
+        if given == task.answer:
+            return 1.0
+        if given is None or self.cfg.partial_credit == 0.0:
+            return 0.0
+        return self.cfg.partial_credit * digit_overlap(given, task.answer)
+
+
+def digit_overlap(given: str, answer: str) -> float:
+    """Fraction of digit positions, aligned from the right, where `given` matches `answer`
+    (a wrong sign earns nothing)."""
+    if given.startswith("-") != answer.startswith("-"):
+        return 0.0
+    a, b = given.lstrip("-")[::-1], answer.lstrip("-")[::-1]
+    return sum(x == y for x, y in zip(a, b)) / max(len(a), len(b))

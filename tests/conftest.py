@@ -1,0 +1,67 @@
+"""Shared test setup: a per-session cache for the built-in models, and tiny run configs.
+
+Everything runs on the CPU with real parts: the built-in Qwen2 models are built with
+`save_pretrained` into a temporary cache and loaded with `from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs CUDA")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def builtin_cache(tmp_path_factory):
+    """Built-in models are built once per test session, in a private cache."""
+    path = tmp_path_factory.mktemp("reinforge-cache")
+    os.environ["REINFORGE_CACHE"] = str(path)
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    return path
+
+
+# Small and fast: the micro model, a few prompts, short answers.
+TINY_RUN = [
+    "model.path=builtin:micro",
+    "task.max_digits=1",
+    "task.num_eval=16",
+    "rollout.prompts_per_step=4",
+    "rollout.samples_per_prompt=4",
+    "rollout.max_new_tokens=4",
+    "train.micro_batch_size=8",
+    "log.tensorboard=false",
+    "log.plot=false",
+]
+
+
+def cli(*args: str, cwd: Path | None = None, timeout: float = 300, env_extra: dict | None = None):
+    """Run `python -m reinforge.cli ARGS` in a real subprocess; returns CompletedProcess."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "reinforge.cli", *args],
+        cwd=cwd or REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

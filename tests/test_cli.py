@@ -1,0 +1,110 @@
+"""The command line, run as a user would: real subprocesses, real run directories."""
+
+import json
+import subprocess
+import sys
+
+from reinforge.errors import ExitCode
+
+from .conftest import REPO, TINY_RUN, cli
+
+
+def test_help_is_instant_and_imports_no_torch():
+    code = (
+        "import sys\nfrom reinforge.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules, 'torch imported by --help'\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "train" in out.stdout and "sft" in out.stdout
+
+
+def test_dry_run_prints_config_and_budgets(tmp_path):
+    out = cli("train", "configs/quickstart.toml", "--dry-run", f"run.output_dir={tmp_path}")
+    assert out.returncode == ExitCode.OK, out.stderr
+    assert "[rollout]" in out.stdout and "prompt + rollout.max_new_tokens" in out.stdout
+    assert "32 prompts x 8 samples = 256 sequences" in out.stdout
+    assert not any(tmp_path.iterdir())  # nothing trained, nothing written
+
+
+def test_context_overflow_refused_before_loading(tmp_path):
+    out = cli(
+        "train",
+        "configs/quickstart.toml",
+        f"run.output_dir={tmp_path}",
+        "rollout.max_new_tokens=500",
+    )
+    assert out.returncode == ExitCode.CONFIG_ERROR
+    assert (
+        "exceeds the model context (512)" in out.stderr
+        and "set rollout.max_new_tokens <= 487" in out.stderr
+    )
+    assert not (tmp_path / "quickstart").exists()  # refused before any run directory or model load
+
+
+def test_misplaced_key_exits_with_config_error(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[rollout]\nlr = 1e-5\n")
+    out = cli("train", str(cfg))
+    assert out.returncode == ExitCode.CONFIG_ERROR
+    assert "'lr' belongs in [sft] or [optim]" in out.stderr
+
+
+def test_train_end_to_end_then_zero_step_resume_fails(tmp_path):
+    args = [
+        "train",
+        f"run.output_dir={tmp_path}",
+        "run.name=e2e",
+        "run.max_steps=3",
+        "sft.steps=2",
+        "checkpoint.every=2",
+        "log.plot=true",
+        "log.tensorboard=true",
+        *TINY_RUN,
+    ]
+    out = cli(*args)
+    assert out.returncode == ExitCode.OK, out.stdout + out.stderr
+    run = tmp_path / "e2e"
+    assert "held-out accuracy before" in out.stdout and str(run) in out.stdout
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rl_steps = [r["step"] for r in rows if r["phase"] == "rl" and "reward_mean" in r]
+    assert rl_steps == [1, 2, 3]
+    assert [r["step"] for r in rows if r["phase"] == "sft"] == [1, 2]
+    for key in (
+        "reward_mean",
+        "accuracy",
+        "response_len",
+        "entropy",
+        "tokens_per_s",
+        "step_s",
+        "kl_sampler",
+    ):
+        assert key in rows[-2] or key in rows[-1], key
+    assert (run / "config.toml").exists() and (run / "curves.png").stat().st_size > 1000
+    assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert samples and {"prompt", "completion", "reward"} <= set(samples[0])
+    final = run / "checkpoints" / "step_000003"
+    assert (final / "model.safetensors").exists() and (final / "optimizer.pt").exists()
+    assert (final / "tokenizer.json").exists() and (final / "rng.pt").exists()
+    assert json.loads((final / "trainer_state.json").read_text())["data_position"] == 2 * 64 + 3 * 4
+    assert (run / "checkpoints" / "sft_final" / "config.json").exists()
+
+    again = cli(*args, "--resume", str(run))
+    assert again.returncode == ExitCode.NOTHING_TRAINED
+    assert "nothing was trained" in again.stderr and "raise run.max_steps" in again.stderr
+
+
+def test_existing_run_dir_is_not_clobbered(tmp_path):
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "metrics.jsonl").write_text("{}\n")
+    out = cli("train", f"run.output_dir={tmp_path}", "run.name=x", *TINY_RUN)
+    assert out.returncode == ExitCode.CONFIG_ERROR
+    assert "--resume" in out.stderr and "run.overwrite=true" in out.stderr
+
+
+def test_config_docs_command_matches_committed_reference():
+    out = cli("config-docs")
+    assert out.returncode == 0
+    assert out.stdout == (REPO / "docs" / "config.md").read_text()

@@ -1,0 +1,76 @@
+"""Exact resume: a run stopped by SIGTERM and resumed logs the same metrics and ends with the
+same weights as a run that was never stopped."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from safetensors.torch import load_file
+
+from reinforge.errors import ExitCode
+
+from ..conftest import REPO, TINY_RUN, cli
+
+TIMING = {"generate_s", "train_s", "step_s", "tokens_per_s"}
+
+
+def metrics(run_dir):
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+def test_sigterm_then_resume_equals_uninterrupted(tmp_path):
+    args = [
+        "train",
+        f"run.output_dir={tmp_path}",
+        "run.max_steps=8",
+        "sft.steps=3",
+        "checkpoint.every=0",
+        "algorithm.kl_coef=0.01",
+        *TINY_RUN,
+    ]
+    straight = cli(*args, "run.name=straight")
+    assert straight.returncode == ExitCode.OK, straight.stderr
+
+    run = tmp_path / "stopped"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reinforge.cli", *args, "run.name=stopped"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        path = run / "metrics.jsonl"
+        if path.exists() and any(
+            '"phase": "rl", "reward_mean"' in ln or ('"rl"' in ln and '"step": 2,' in ln)
+            for ln in path.read_text().splitlines()
+        ):
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == ExitCode.STOPPED_AFTER_SAVE, out
+    assert "checkpoint saved" in out and f"--resume {run}" in out
+    stopped_at = json.loads(
+        (
+            run
+            / "checkpoints"
+            / (run / "checkpoints" / "latest").read_text()
+            / "trainer_state.json"
+        ).read_text()
+    )["step"]
+    assert 1 <= stopped_at < 8
+
+    resumed = cli(*args, "run.name=stopped", "--resume", str(run))
+    assert resumed.returncode == ExitCode.OK, resumed.stderr
+    assert metrics(run) == metrics(tmp_path / "straight")
+    a = load_file(tmp_path / "straight" / "checkpoints" / "step_000008" / "model.safetensors")
+    b = load_file(run / "checkpoints" / "step_000008" / "model.safetensors")
+    assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
