@@ -1,7 +1,18 @@
-"""Advantage estimators: rewards in, one advantage per completion out.
+"""Advantage estimators: rewards in, advantages out.
 
-GRPO (Shao et al. 2024, DeepSeekMath): A_i = (r_i - mean(r_group)) / (std(r_group) + eps); without
-the division it is Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like training").
+Outcome-reward estimators take group rewards [G prompts, N samples] and share one signature,
+`(rewards_GN, normalize_std) -> advantages_GN`, so the loop picks one from `presets.ADVANTAGES`:
+
+  grpo                   (r_i - mean_g) / (std_g + eps)             Shao et al. 2024
+                         without std: Dr. GRPO                      Liu et al. 2025
+  rloo                   r_i - mean_{j != i} r_j                    Kool et al. 2019; Ahmadian et al. 2024
+  reinforce_pp           (r - mean_batch) / std_batch               Hu et al. 2025 (REINFORCE++)
+  reinforce_pp_baseline  r~ = r_i - mean_g, then r~ / std_batch(r~)   (REINFORCE++ w/ Baseline)
+
+Token-level estimators work on per-token rewards over a ragged mask: `gae_advantages` (PPO, needs
+values), `discounted_returns` and `reinforce_pp_token_advantages` (REINFORCE++ with the KL penalty
+folded into token rewards). `EMABaseline` is REINFORCE with a running baseline; it holds state, so
+it is a small class rather than a registry entry.
 """
 
 from __future__ import annotations
@@ -13,13 +24,173 @@ def grpo_advantages(
     rewards_GN: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6
 ) -> torch.Tensor:
     """rewards_GN: [groups, samples per group] -> advantages [G, N]. A group whose rewards are all
-    equal gets zero advantage (it carries no signal)."""
-    centred = rewards_GN - rewards_GN.mean(dim=1, keepdim=True)
+    equal gets zero advantage (it carries no signal). Std is the unbiased sample std of the group.
+    Advantages of each group sum to zero."""
+    centred = _centre_groups(rewards_GN)
     if not normalize_std:
         return centred
     std = (
-        rewards_GN.std(dim=1, keepdim=True, unbiased=True)
+        centred.std(dim=1, keepdim=True, unbiased=True)
         if rewards_GN.shape[1] > 1
         else torch.zeros_like(centred[:, :1])
     )
     return centred / (std + eps)
+
+
+def rloo_advantages(
+    rewards_GN: torch.Tensor, normalize_std: bool = False, eps: float = 1e-6
+) -> torch.Tensor:
+    """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740):
+    A_i = r_i - 1/(N-1) * sum_{j != i} r_j  =  N/(N-1) * (r_i - mean_g).
+    The baseline of sample i never sees r_i, so the estimator is unbiased; each group's
+    advantages sum to zero. `normalize_std` (not in the paper) divides by the group std."""
+    num_samples = rewards_GN.shape[1]
+    if num_samples < 2:
+        raise ValueError("RLOO needs at least 2 samples per prompt: set rollout.samples_per_prompt")
+    # r_i - (sum - r_i) / (N - 1) rearranges to N/(N-1) * (r_i - mean_g): one centring, exact zeros
+    centred = _centre_groups(rewards_GN)
+    adv = num_samples / (num_samples - 1) * centred
+    if normalize_std:
+        adv = adv / (centred.std(dim=1, keepdim=True, unbiased=True) + eps)
+    return adv
+
+
+def reinforce_pp_advantages(
+    rewards_GN: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """REINFORCE++ (Hu et al. 2025, arXiv:2501.03262) with sequence rewards and no group baseline:
+    A = (r - mean_batch(r)) / std_batch(r). The whole step's batch is the normaliser, not the
+    prompt's group, so a group whose rewards are all equal still gets a (shared) advantage."""
+    centred = _centre_batch(rewards_GN)
+    if not normalize_std:
+        return centred
+    return centred / (_batch_std(centred) + eps)
+
+
+def reinforce_pp_baseline_advantages(
+    rewards_GN: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """REINFORCE++ w/ Baseline (Hu et al. 2025), the paper's variant for reasoning with k > 1
+    samples per prompt: subtract the group mean, then whiten over the whole batch:
+    r~_i = r_i - mean_g(r),  A_i = (r~_i - mean_batch(r~)) / std_batch(r~).
+    mean_batch(r~) is 0 up to rounding; each group's advantages sum to zero."""
+    centred = _centre_batch(_centre_groups(rewards_GN))
+    if not normalize_std:
+        return centred
+    return centred / (_batch_std(centred) + eps)
+
+
+def _centre_groups(rewards_GN: torch.Tensor) -> torch.Tensor:
+    """r - mean_g(r), computed from the shift r - r_0 so that a group of equal rewards gives
+    exactly 0: the plain mean of equal float32 values can be off by one ulp, and the std division
+    after it would blow that rounding up into a sizeable advantage."""
+    shifted = rewards_GN - rewards_GN[:, :1]
+    return shifted - shifted.mean(dim=1, keepdim=True)
+
+
+def _centre_batch(values: torch.Tensor) -> torch.Tensor:
+    """values - mean over every entry, shifted like `_centre_groups`."""
+    shifted = values - values.flatten()[0]
+    return shifted - shifted.mean()
+
+
+def _batch_std(values: torch.Tensor) -> torch.Tensor:
+    return values.std(unbiased=True) if values.numel() > 1 else torch.zeros((), dtype=values.dtype)
+
+
+# ----------------------------------------------------------------------- token-level estimators
+
+
+def outcome_token_rewards(rewards_B: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
+    """Place each sequence's scalar reward on its last completion token: [B] -> [B, T]."""
+    is_last_BT = (mask_BT.cumsum(-1) == mask_BT.sum(-1, keepdim=True)) & (mask_BT > 0)
+    return rewards_B[:, None] * is_last_BT.to(rewards_B.dtype)
+
+
+@torch.no_grad()
+def gae_advantages(
+    token_rewards_BT: torch.Tensor,
+    values_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    gamma: float = 1.0,
+    lam: float = 0.95,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2016, arXiv:1506.02438) over the mask:
+
+      delta_t = r_t + gamma * V_{t'} - V_t,   A_t = delta_t + gamma * lam * A_{t'},   R_t = A_t + V_t
+
+    where t' is the next *masked-in* position (masked positions, such as the prompt and padding,
+    are skipped; after a sequence's last token V = 0, the episode ends). Returns (advantages_BT,
+    returns_BT), both 0 off the mask and detached: they are targets, not paths for gradient.
+    """
+    num_steps = token_rewards_BT.shape[1]
+    values_BT = values_BT.detach()
+    next_value_B = torch.zeros_like(values_BT[:, 0])
+    next_adv_B = torch.zeros_like(values_BT[:, 0])
+    advantages_T: list[torch.Tensor] = [next_adv_B] * num_steps
+    for t in reversed(range(num_steps)):
+        is_valid_B = mask_BT[:, t] > 0
+        delta_B = token_rewards_BT[:, t] + gamma * next_value_B - values_BT[:, t]
+        adv_B = delta_B + gamma * lam * next_adv_B
+        advantages_T[t] = torch.where(is_valid_B, adv_B, torch.zeros_like(adv_B))
+        next_value_B = torch.where(is_valid_B, values_BT[:, t], next_value_B)
+        next_adv_B = torch.where(is_valid_B, adv_B, next_adv_B)
+    advantages_BT = torch.stack(advantages_T, dim=1)
+    return advantages_BT, (advantages_BT + values_BT) * mask_BT
+
+
+def discounted_returns(
+    token_rewards_BT: torch.Tensor, mask_BT: torch.Tensor, gamma: float = 1.0
+) -> torch.Tensor:
+    """G_t = sum_{k >= 0} gamma^k r_{t+k} over masked-in positions: GAE with V = 0 and lam = 1."""
+    returns_BT, _ = gae_advantages(
+        token_rewards_BT, torch.zeros_like(token_rewards_BT), mask_BT, gamma, 1.0
+    )
+    return returns_BT
+
+
+def masked_whiten(
+    values_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float = 1e-6
+) -> torch.Tensor:
+    """(x - mean) / std over the masked-in entries of the whole batch; 0 off the mask."""
+    count = mask_BT.sum()
+    valid = values_BT[mask_BT > 0]
+    shifted_BT = values_BT - (valid[0] if valid.numel() else 0.0)  # see _centre_groups
+    centred_BT = shifted_BT - (shifted_BT * mask_BT).sum() / count.clamp(min=1.0)
+    var = (centred_BT.square() * mask_BT).sum() / (count - 1.0).clamp(min=1.0)
+    return centred_BT / (var.sqrt() + eps) * mask_BT
+
+
+def reinforce_pp_token_advantages(
+    token_rewards_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float = 1e-6
+) -> torch.Tensor:
+    """REINFORCE++ as first published (Hu et al. 2025): token rewards that already
+    carry the per-token KL penalty (`kl.kl_penalized_token_rewards` on `outcome_token_rewards`),
+    undiscounted returns A_t = r - beta * sum_{s >= t} KL_s, whitened over every token of the
+    batch."""
+    return masked_whiten(discounted_returns(token_rewards_BT, mask_BT, 1.0), mask_BT, eps)
+
+
+class EMABaseline:
+    """REINFORCE with a running baseline (Williams 1992): A = r - b, then
+    b <- decay * b + (1 - decay) * mean(r). The advantage uses b from *before* this batch, so the
+    baseline never depends on the rewards it is subtracted from. State is one float, saved with
+    the checkpoint via state_dict / load_state_dict."""
+
+    def __init__(self, decay: float = 0.9, initial: float = 0.0) -> None:
+        if not 0.0 <= decay < 1.0:
+            raise ValueError(f"EMA baseline decay={decay} must be in [0, 1)")
+        self.decay = decay
+        self.value = float(initial)
+
+    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        """Rewards of any shape -> advantages of the same shape; updates the baseline."""
+        advantages = rewards - self.value
+        self.value = self.decay * self.value + (1.0 - self.decay) * float(rewards.mean())
+        return advantages
+
+    def state_dict(self) -> dict[str, float]:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict[str, float]) -> None:
+        self.value = float(state["value"])
