@@ -1,0 +1,189 @@
+"""Chunked LM head: chosen-token logprobs and entropies without the full [tokens, vocab] logits.
+
+Contract
+- `chunked_logprobs(hidden_NH, weight_VH, targets_N, temperature, chunk_size)` returns
+  `logprobs_N` and `entropy_N` (float32) for N token positions, equal to
+  `log_softmax((hidden @ weight.T).float() / temperature)` at the targets and to
+  `-(p * log p).sum(-1)` of the same distribution.
+- Memory: logits exist for one chunk of `chunk_size` rows at a time, in the forward and in the
+  backward, which recomputes each chunk's logits from the saved inputs. The autograd graph holds
+  only the inputs (hidden, weight, targets): never [N, V]. Peak extra memory is about
+  `chunk_size * V * 10` bytes (the matmul output in the weight dtype plus two float32 [c, V]
+  buffers), plus, when the head weight is trained, a float32 [V, H] gradient accumulator (chunk
+  contributions are summed in float32, then cast once to the weight's dtype).
+- Precision: the matmuls run in the weights' dtype (bf16 on a GPU); softmax, logsumexp,
+  entropy and the logits' gradient run in float32.
+- Gradients flow to both outputs (an entropy bonus trains through `entropy_N`) and to hidden
+  states and the head weight; a frozen head (LoRA) costs no weight-gradient matmul.
+
+`final_hidden_states(model, ...)` runs a HF causal LM's decoder (`model.get_decoder()`, which
+includes any PEFT adapter layers) and stops before its LM head, so the model never builds logits;
+`lm_head_weight(model)` is the output embedding (the tied input embedding when tied). Together
+they give `chunked_token_logprobs`, a drop-in for `common.token_logprobs` on padded batches.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEFAULT_CHUNK_SIZE = 1024
+
+
+def chunked_logprobs(
+    hidden_NH: torch.Tensor,
+    weight_VH: torch.Tensor,
+    targets_N: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob of each target and the entropy at each position, [N] float32 each (float64 for
+    float64 inputs)."""
+    assert hidden_NH.ndim == 2 and weight_VH.ndim == 2 and hidden_NH.shape[1] == weight_VH.shape[1]
+    assert targets_N.shape == hidden_NH.shape[:1], "one target per hidden state"
+    assert hidden_NH.dtype == weight_VH.dtype, "hidden states and head weight share a dtype"
+    assert temperature > 0 and chunk_size >= 1
+    return ChunkedLogprobs.apply(hidden_NH, weight_VH, targets_N, float(temperature), chunk_size)
+
+
+class ChunkedLogprobs(torch.autograd.Function):
+    """Saves only its inputs; each backward chunk recomputes its logits. With z = h W^T / T,
+    p = softmax(z) and H = -sum p log p:
+        d logp_target / dz = onehot(target) - p
+        d H / dz           = -p * (log p + H)
+    """
+
+    @staticmethod
+    def forward(ctx, hidden_NH, weight_VH, targets_N, temperature, chunk_size):
+        ctx.save_for_backward(hidden_NH, weight_VH, targets_N)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        num = hidden_NH.shape[0]
+        logprobs_N = torch.empty(num, dtype=_math_dtype(weight_VH), device=hidden_NH.device)
+        entropy_N = torch.empty_like(logprobs_N)
+        for start in range(0, num, chunk_size):
+            end = min(start + chunk_size, num)
+            z_CV = _chunk_logits(hidden_NH[start:end], weight_VH, temperature)
+            lse_C = torch.logsumexp(z_CV, dim=-1)
+            logprobs_N[start:end] = z_CV.gather(1, targets_N[start:end, None])[:, 0] - lse_C
+            probs_CV = (z_CV - lse_C[:, None]).exp_()
+            entropy_N[start:end] = lse_C - probs_CV.mul_(z_CV).sum(-1)  # H = lse - sum p z
+        return logprobs_N, entropy_N
+
+    @staticmethod
+    def backward(ctx, grad_logprobs_N, grad_entropy_N):
+        hidden_NH, weight_VH, targets_N = ctx.saved_tensors
+        temperature, chunk_size = ctx.temperature, ctx.chunk_size
+        needs_hidden, needs_weight = ctx.needs_input_grad[:2]
+        grad_hidden_NH = torch.empty_like(hidden_NH) if needs_hidden else None
+        grad_weight_VH = (
+            torch.zeros(weight_VH.shape, dtype=_math_dtype(weight_VH), device=weight_VH.device)
+            if needs_weight
+            else None
+        )
+        for start in range(0, hidden_NH.shape[0], chunk_size):
+            end = min(start + chunk_size, hidden_NH.shape[0])
+            hidden_CH = hidden_NH[start:end]
+            grad_z_CV = _chunk_grad_logits(
+                _chunk_logits(hidden_CH, weight_VH, temperature),
+                targets_N[start:end],
+                grad_logprobs_N[start:end],
+                grad_entropy_N[start:end],
+            ).div_(temperature)
+            is_low_precision = weight_VH.dtype != grad_z_CV.dtype
+            if is_low_precision:
+                grad_z_CV = grad_z_CV.to(weight_VH.dtype)  # matmuls in the weights' dtype
+            if needs_hidden:
+                grad_hidden_NH[start:end] = grad_z_CV @ weight_VH
+            if needs_weight:
+                if is_low_precision:
+                    grad_weight_VH += grad_z_CV.t() @ hidden_CH
+                else:
+                    grad_weight_VH.addmm_(grad_z_CV.t(), hidden_CH)
+        if grad_weight_VH is not None:
+            grad_weight_VH = grad_weight_VH.to(weight_VH.dtype)
+        return grad_hidden_NH, grad_weight_VH, None, None, None
+
+
+def _math_dtype(weight: torch.Tensor) -> torch.dtype:
+    """float32 for bf16/fp16/fp32 weights; float64 stays float64 (exact gradient checks)."""
+    return torch.promote_types(weight.dtype, torch.float32)
+
+
+def _chunk_logits(hidden_CH, weight_VH, temperature: float) -> torch.Tensor:
+    z_CV = (hidden_CH @ weight_VH.t()).to(_math_dtype(weight_VH))
+    return z_CV.div_(temperature) if temperature != 1.0 else z_CV
+
+
+def _chunk_grad_logits(z_CV, targets_C, grad_logprobs_C, grad_entropy_C) -> torch.Tensor:
+    """dL/dz for one chunk, computed in z's buffer (z is consumed)."""
+    logp_CV = z_CV.sub_(torch.logsumexp(z_CV, dim=-1, keepdim=True))
+    probs_CV = logp_CV.exp()
+    entropy_C = -_row_dot(probs_CV, logp_CV)
+    # -p * (g_ent * (log p + H) + g_logp), then + g_logp at the target
+    grad_CV = (
+        logp_CV.add_(entropy_C[:, None])
+        .mul_(grad_entropy_C[:, None])
+        .add_(grad_logprobs_C[:, None])
+        .mul_(probs_CV)
+        .neg_()
+    )
+    del probs_CV
+    rows = torch.arange(len(targets_C), device=grad_CV.device)
+    grad_CV[rows, targets_C] += grad_logprobs_C
+    return grad_CV
+
+
+def _row_dot(a_CV: torch.Tensor, b_CV: torch.Tensor) -> torch.Tensor:
+    """sum(a * b, -1) as a batched matmul: no [C, V] temporary. (Under TF32 matmuls this H is
+    good to about 1e-3 relative; it only scales the entropy term of the gradient.)"""
+    return torch.bmm(a_CV[:, None, :], b_CV[:, :, None])[:, 0, 0]
+
+
+# ---------------------------------------------------------------------------------------------
+# HF causal LMs without their logits
+
+
+def lm_head_weight(model) -> torch.Tensor:
+    """The LM head weight [V, H] (the input embedding when the model ties them)."""
+    head = model.get_output_embeddings()
+    assert getattr(head, "bias", None) is None, "LM heads with a bias are not supported"
+    assert getattr(model.config, "final_logit_softcapping", None) is None, "no logit softcapping"
+    return head.weight
+
+
+def final_hidden_states(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    **kwargs,
+) -> torch.Tensor:
+    """The decoder's last hidden states (after its final norm), [B, T, H]. `kwargs` reach the
+    attention functions (e.g. `cu_seq_lens_q` for packed rows)."""
+    decoder = model.get_decoder()
+    out = decoder(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+        **kwargs,
+    )
+    return out.last_hidden_state
+
+
+def chunked_token_logprobs(
+    model, batch, temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop-in for `common.token_logprobs` on a `PaddedBatch`: logprobs and entropy [B, L-1],
+    computed only where `mask_BT` is set (zeros elsewhere); entropy keeps its grad."""
+    hidden_BLH = final_hidden_states(model, batch.input_ids_BL, batch.attention_mask_BL)
+    keep_BT = batch.mask_BT > 0
+    hidden_KH = hidden_BLH[:, :-1][keep_BT]
+    logprobs_K, entropy_K = chunked_logprobs(
+        hidden_KH, lm_head_weight(model), batch.targets_BT[keep_BT], temperature, chunk_size
+    )
+    logprobs_BT = torch.zeros(keep_BT.shape, dtype=torch.float32, device=keep_BT.device)
+    entropy_BT = torch.zeros_like(logprobs_BT)
+    return (
+        logprobs_BT.masked_scatter(keep_BT, logprobs_K),
+        entropy_BT.masked_scatter(keep_BT, entropy_K),
+    )

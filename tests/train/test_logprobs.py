@@ -1,0 +1,125 @@
+"""Chunked LM head: equal to the plain [N, V] computation in values and gradients, saving only
+its inputs; the HF helpers reproduce the model's own logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reinforge.models.tiny import builtin_path
+from reinforge.train.common import pad_batch, token_logprobs
+from reinforge.train.logprobs import (
+    chunked_logprobs,
+    chunked_token_logprobs,
+    final_hidden_states,
+    lm_head_weight,
+)
+
+N, H, V = 37, 16, 53
+
+
+def inputs(dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(N, H, generator=gen, dtype=dtype).requires_grad_()
+    weight = (torch.randn(V, H, generator=gen, dtype=dtype) / H**0.5).requires_grad_()
+    targets = torch.randint(0, V, (N,), generator=gen)
+    return hidden, weight, targets
+
+
+def plain(hidden, weight, targets, temperature):
+    logp = torch.log_softmax((hidden @ weight.t()).float() / temperature, dim=-1)
+    return logp.gather(1, targets[:, None])[:, 0], -(logp.exp() * logp).sum(-1)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 5, 8, N, 1000])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_values_and_gradients_match_plain(chunk_size, temperature):
+    gen = torch.Generator().manual_seed(1)
+    w_logp, w_ent = torch.randn(N, generator=gen), torch.randn(N, generator=gen)
+    h1, W1, t = inputs(torch.float32)
+    logp, ent = chunked_logprobs(h1, W1, t, temperature, chunk_size)
+    ((logp * w_logp).sum() + (ent * w_ent).sum()).backward()
+    h2, W2, _ = inputs(torch.float32)
+    logp_ref, ent_ref = plain(h2, W2, t, temperature)
+    ((logp_ref * w_logp).sum() + (ent_ref * w_ent).sum()).backward()
+    assert logp.dtype == ent.dtype == torch.float32
+    torch.testing.assert_close(logp, logp_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, ent_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(h1.grad, h2.grad, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(W1.grad, W2.grad, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("chunk_size", [3, 7])
+def test_gradcheck_float64(chunk_size):
+    hidden, weight, targets = inputs(torch.float64)
+    hidden, weight = hidden[:7].detach().requires_grad_(), weight[:11].detach().requires_grad_()
+    targets = targets[:7] % 11
+    assert torch.autograd.gradcheck(
+        lambda h, w: chunked_logprobs(h, w, targets, 0.9, chunk_size), (hidden, weight)
+    )
+
+
+def test_entropy_is_minus_p_log_p():
+    hidden, weight, targets = inputs(torch.float32, seed=2)
+    _, ent = chunked_logprobs(hidden, weight, targets, 1.3, chunk_size=6)
+    probs = torch.softmax((hidden @ weight.t()) / 1.3, dim=-1)
+    torch.testing.assert_close(ent, -(probs * probs.log()).sum(-1), atol=1e-5, rtol=1e-5)
+
+
+def test_saves_only_its_inputs():
+    hidden, weight, targets = inputs(torch.float32)
+    logp, _ = chunked_logprobs(hidden, weight, targets, 1.0, chunk_size=4)
+    saved = logp.grad_fn.saved_tensors
+    assert [tuple(t.shape) for t in saved] == [(N, H), (V, H), (N,)]
+    assert saved[0].data_ptr() == hidden.data_ptr() and saved[1].data_ptr() == weight.data_ptr()
+    assert all(t.numel() < N * V for t in saved)
+
+
+def test_frozen_head_gets_no_gradient():
+    hidden, weight, targets = inputs(torch.float32)
+    weight = weight.detach()
+    logp, _ = chunked_logprobs(hidden, weight, targets, 1.0, chunk_size=4)
+    logp.sum().backward()
+    assert hidden.grad is not None and weight.grad is None
+
+
+def test_bf16_weights_use_float32_softmax():
+    hidden, weight, targets = inputs(torch.float32, seed=3)
+    hidden_bf, weight_bf = (x.detach().bfloat16().requires_grad_() for x in (hidden, weight))
+    logp, ent = chunked_logprobs(hidden_bf, weight_bf, targets, 0.8, chunk_size=10)
+    (logp.sum() + ent.sum()).backward()
+    ref_h, ref_w = (x.detach().bfloat16().requires_grad_() for x in (hidden, weight))
+    logp_ref, ent_ref = plain(ref_h, ref_w, targets, 0.8)
+    (logp_ref.sum() + ent_ref.sum()).backward()
+    assert logp.dtype == torch.float32 and hidden_bf.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(logp, logp_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent, ent_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(hidden_bf.grad, ref_h.grad, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(weight_bf.grad, ref_w.grad, atol=2e-2, rtol=2e-2)
+
+
+def micro_model():
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(builtin_path("micro", 0), dtype=torch.float32)
+
+
+def test_hidden_states_and_head_reproduce_the_models_logits():
+    model = micro_model()
+    ids = torch.randint(3, 300, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits
+        hidden = final_hidden_states(model, ids)
+    assert lm_head_weight(model) is model.get_input_embeddings().weight  # tied in the micro model
+    torch.testing.assert_close(hidden @ lm_head_weight(model).t(), logits, atol=1e-5, rtol=1e-5)
+
+
+def test_padded_drop_in_matches_token_logprobs():
+    model = micro_model()
+    batch = pad_batch([[5, 6, 7], [8]], [[9, 10], [11, 12, 13, 14]], 0, "cpu")
+    ref, ref_ent = token_logprobs(model, batch, 0.7, with_entropy=True)
+    logp, ent = chunked_token_logprobs(model, batch, 0.7, chunk_size=3)
+    mask = batch.mask_BT.bool()
+    torch.testing.assert_close(logp[mask], ref[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ent[mask], ref_ent[mask], atol=1e-5, rtol=1e-5)
+    assert (logp[~mask] == 0).all()

@@ -1,0 +1,338 @@
+"""Packing: bin assignment, the packed layout, and packed == padded on the micro model (values,
+gradients, and gradient accumulation under every loss aggregation)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reinforge.algorithms.losses import AGGREGATIONS, LossInputs, PPOClipSettings, ppo_clip_loss
+from reinforge.errors import ConfigError
+from reinforge.models.tiny import builtin_path
+from reinforge.train.common import pad_batch, token_logprobs
+from reinforge.train.packing import (
+    VARLEN,
+    VARLEN_REFERENCE,
+    PackSequence,
+    block_causal_mask,
+    pack,
+    packed_logprobs,
+    plan_micro_batches,
+    select_packed_attention,
+    unpack,
+)
+
+TEMPERATURE = 0.7
+
+
+def load_micro(attn_implementation: str = "sdpa"):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        builtin_path("micro", 0), dtype=torch.float32, attn_implementation=attn_implementation
+    )
+    model.train()  # dropout-free model: train mode only matters for grad paths
+    return model
+
+
+def random_sequences(num: int, seed: int = 0, with_mask: bool = True) -> list[PackSequence]:
+    gen = torch.Generator().manual_seed(seed)
+    seqs = []
+    for i in range(num):
+        num_prompt = int(torch.randint(2, 12, (1,), generator=gen))
+        num_completion = int(torch.randint(1, 14, (1,), generator=gen))
+        mask = [1.0] * num_completion
+        if with_mask and i % 3 == 1 and num_completion > 2:
+            mask[1] = 0.0  # an environment token inside a multi-turn completion
+        seqs.append(
+            PackSequence(
+                prompt_ids=torch.randint(3, 300, (num_prompt,), generator=gen).tolist(),
+                completion_ids=torch.randint(3, 300, (num_completion,), generator=gen).tolist(),
+                loss_mask=mask,
+                token_values={
+                    # near the random-init model's own (about -ln 320), so the PPO clip is
+                    # active on some tokens and not on others
+                    "sampler_logprobs": (
+                        -5.77 + 0.3 * torch.randn(num_completion, generator=gen)
+                    ).tolist()
+                },
+                seq_values={"advantage": float(torch.randn(1, generator=gen))},
+            )
+        )
+    return seqs
+
+
+def padded_reference(model, seqs: list[PackSequence]):
+    """The existing path: pad_batch + token_logprobs, plus the loss mask and sampler logprobs in
+    its [B, L-1] layout."""
+    batch = pad_batch(
+        [list(s.prompt_ids) for s in seqs], [list(s.completion_ids) for s in seqs], 0, "cpu"
+    )
+    logprobs_BT, entropy_BT = token_logprobs(model, batch, TEMPERATURE, with_entropy=True)
+    mask_BT = torch.zeros_like(batch.mask_BT)
+    sampler_BT = torch.zeros_like(batch.mask_BT)
+    for b, s in enumerate(seqs):
+        start, end = len(s.prompt_ids) - 1, len(s.prompt_ids) - 1 + len(s.completion_ids)
+        mask_BT[b, start:end] = torch.tensor(s.loss_mask)
+        sampler_BT[b, start:end] = torch.tensor(s.token_values["sampler_logprobs"])
+    return logprobs_BT, entropy_BT, mask_BT, sampler_BT
+
+
+def completion_slice(x_BT: torch.Tensor, seqs, i: int) -> torch.Tensor:
+    start = len(seqs[i].prompt_ids) - 1
+    return x_BT[i, start : start + len(seqs[i].completion_ids)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Assignment
+
+
+def test_plan_respects_budget_uses_minimal_count_and_balances():
+    lengths = [9, 8, 7, 6, 5, 4, 3, 2]
+    bins = plan_micro_batches(lengths, max_tokens=16)
+    loads = sorted(sum(lengths[i] for i in b) for b in bins)
+    assert len(bins) == 3  # ceil(44 / 16): the lower bound
+    assert loads == [13, 15, 16]
+    assert sorted(i for b in bins for i in b) == list(range(8))
+    assert all(b == sorted(b) for b in bins)
+
+
+def test_plan_random_lengths_never_worse_than_first_fit_decreasing():
+    from reinforge.train.packing import _first_fit_decreasing
+
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(50):
+        lengths = torch.randint(
+            1, 200, (int(torch.randint(1, 40, (1,), generator=gen)),), generator=gen
+        ).tolist()
+        bins = plan_micro_batches(lengths, max_tokens=256)
+        loads = [sum(lengths[i] for i in b) for b in bins]
+        assert max(loads) <= 256
+        assert len(bins) <= len(_first_fit_decreasing(lengths, 256))
+        assert sorted(i for b in bins for i in b) == list(range(len(lengths)))
+
+
+def test_plan_min_micro_batches_and_empty():
+    assert plan_micro_batches([], 10) == []
+    assert len(plan_micro_batches([3, 3, 3, 3], 100, min_micro_batches=2)) == 2
+    assert len(plan_micro_batches([3, 3], 100, min_micro_batches=5)) == 2  # one sequence each
+
+
+def test_sequence_longer_than_budget_names_the_setting():
+    with pytest.raises(ConfigError, match=r"train\.micro_batch_tokens = 10 .* >= 12"):
+        plan_micro_batches([5, 12], max_tokens=10)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layout
+
+
+def test_layout_positions_boundaries_targets_and_extras():
+    seqs = [
+        PackSequence(
+            [10, 11, 12], [20, 21], token_values={"v": [0.5, 0.25]}, seq_values={"a": 1.0}
+        ),
+        PackSequence(
+            [30],
+            [40, 41, 42],
+            loss_mask=[1, 0, 1],
+            token_values={"v": [1, 2, 3]},
+            seq_values={"a": -2.0},
+        ),
+    ]
+    [batch] = pack(seqs, max_tokens=100)
+    assert batch.input_ids_L.tolist() == [10, 11, 12, 20, 21, 30, 40, 41, 42]
+    assert batch.position_ids_L.tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3]
+    assert batch.cu_seqlens_S1.tolist() == [0, 5, 9] and batch.cu_seqlens_S1.dtype == torch.int32
+    assert batch.max_seqlen == 5
+    # token 20 is predicted from position 2 (token 12); token 40 from position 5 (token 30)
+    assert batch.target_positions_K.tolist() == [2, 3, 5, 6, 7]
+    assert batch.targets_K.tolist() == [20, 21, 40, 41, 42]
+    assert batch.mask_K.tolist() == [1, 1, 1, 0, 1]
+    assert batch.values_K["v"].tolist() == [0.5, 0.25, 1, 2, 3]
+    assert batch.seq_values_S["a"].tolist() == [1.0, -2.0]
+    assert batch.rows(batch.values_K["v"]).tolist() == [[0.5, 0.25, 0], [1, 2, 3]]
+    assert batch.mask_ST.tolist() == [[1, 1, 0], [1, 0, 1]]
+    assert [x.tolist() for x in unpack(batch.values_K["v"], batch)] == [[0.5, 0.25], [1, 2, 3]]
+
+
+def test_block_causal_mask():
+    mask = block_causal_mask(torch.tensor([0, 2, 5], dtype=torch.int32), 5, "cpu")[0, 0]
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0],
+            [0, 0, 1, 0, 0],
+            [0, 0, 1, 1, 0],
+            [0, 0, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(mask, expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed == padded on the micro model
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "reference"])
+def test_packed_matches_padded_values_and_gradients(attention):
+    seqs = random_sequences(6, seed=1)
+    weights = [
+        torch.randn(len(s.completion_ids), generator=torch.Generator().manual_seed(i))
+        for i, s in enumerate(seqs)
+    ]
+
+    padded = load_micro()
+    logprobs_BT, entropy_BT, _, _ = padded_reference(padded, seqs)
+    loss = sum((completion_slice(logprobs_BT, seqs, i) * w).sum() for i, w in enumerate(weights))
+    loss.backward()
+
+    packed = load_micro("eager" if attention == "eager" else "sdpa")
+    if attention == "reference":
+        assert select_packed_attention(packed, "reference") == VARLEN_REFERENCE
+    batches = pack(seqs, max_tokens=48)
+    assert len(batches) >= 2
+    total = 0.0
+    for batch in batches:
+        logprobs_K, entropy_K = packed_logprobs(packed, batch, TEMPERATURE, chunk_size=5)
+        for (i, lp), ent in zip(
+            zip(batch.indices, unpack(logprobs_K, batch)), unpack(entropy_K, batch)
+        ):
+            torch.testing.assert_close(
+                lp, completion_slice(logprobs_BT, seqs, i), atol=1e-5, rtol=1e-5
+            )
+            torch.testing.assert_close(
+                ent, completion_slice(entropy_BT, seqs, i), atol=1e-5, rtol=1e-5
+            )
+            total = total + (lp * weights[i]).sum()
+    total.backward()
+    for (name, p_ref), p in zip(padded.named_parameters(), packed.parameters()):
+        torch.testing.assert_close(p.grad, p_ref.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_without_the_mask_sequences_would_see_each_other():
+    """The comparison above is sensitive: with the same restarting positions but a plain causal
+    mask (an all-ones 2D mask stops transformers from inferring boundaries), later sequences
+    attend to earlier ones and their logprobs change; the first sequence's do not."""
+    seqs = random_sequences(3, seed=2)
+    model = load_micro()
+    [batch] = pack(seqs, max_tokens=100)
+    with torch.no_grad():
+        isolated_K, _ = packed_logprobs(model, batch, TEMPERATURE)
+        logits = model(
+            batch.input_ids_L[None],
+            attention_mask=torch.ones(1, batch.num_tokens, dtype=torch.long),
+            position_ids=batch.position_ids_L[None],
+        ).logits[0]
+    leaked = torch.log_softmax(logits.float() / TEMPERATURE, -1)[batch.target_positions_K]
+    leaked_K = leaked.gather(1, batch.targets_K[:, None])[:, 0]
+    first = batch.num_completion_tokens[0]
+    torch.testing.assert_close(leaked_K[:first], isolated_K[:first], atol=1e-5, rtol=1e-5)
+    assert (leaked_K[first:] - isolated_K[first:]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
+def test_gradient_accumulation_over_packed_micro_batches_equals_one_batch(aggregation):
+    seqs = random_sequences(8, seed=4)
+    settings = PPOClipSettings(clip_low=0.2, clip_high=0.28, aggregation=aggregation)
+    num_tokens = float(sum(sum(s.loss_mask) for s in seqs))
+    num_seqs = float(len(seqs))
+
+    whole = load_micro()
+    logprobs_BT, _, mask_BT, sampler_BT = padded_reference(whole, seqs)
+    loss_whole, metrics = ppo_clip_loss(
+        LossInputs(
+            logprobs_BT=logprobs_BT,
+            old_logprobs_BT=sampler_BT,
+            advantages_B=torch.tensor([s.seq_values["advantage"] for s in seqs]),
+            mask_BT=mask_BT,
+            num_tokens_total=num_tokens,
+            num_seqs_total=num_seqs,
+            token_sum_norm=16.0,
+        ),
+        settings,
+    )
+    loss_whole.backward()
+    assert 0.05 < float(metrics["clip_frac"]) < 0.95
+
+    accumulated = load_micro()
+    batches = pack(seqs, max_tokens=40)
+    assert len(batches) >= 3
+    loss_sum = 0.0
+    for batch in batches:
+        logprobs_K, _ = packed_logprobs(accumulated, batch, TEMPERATURE)
+        loss, _ = ppo_clip_loss(
+            LossInputs(
+                logprobs_BT=batch.rows(logprobs_K),
+                old_logprobs_BT=batch.rows(batch.values_K["sampler_logprobs"]),
+                advantages_B=batch.seq_values_S["advantage"],
+                mask_BT=batch.mask_ST,
+                num_tokens_total=num_tokens,
+                num_seqs_total=num_seqs,
+                token_sum_norm=16.0,
+            ),
+            settings,
+        )
+        loss.backward()
+        loss_sum += float(loss.detach())
+    assert loss_sum == pytest.approx(float(loss_whole.detach()), abs=1e-6)
+    for (name, p_ref), p in zip(whole.named_parameters(), accumulated.parameters()):
+        torch.testing.assert_close(p.grad, p_ref.grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_unsupported_attention_implementation_is_a_config_error():
+    model = load_micro()
+    model.config._attn_implementation_internal = "flex_attention"
+    [batch] = pack(random_sequences(2), max_tokens=100)
+    with pytest.raises(ConfigError, match="attn_implementation='sdpa'"):
+        packed_logprobs(model, batch)
+
+
+def test_auto_keeps_the_mask_path_on_cpu():
+    model = load_micro()
+    assert select_packed_attention(model, "auto") == "sdpa"
+
+
+@pytest.mark.gpu
+def test_varlen_kernel_matches_reference_on_cuda():
+    from reinforge.train.packing import _torch_varlen
+
+    if _torch_varlen() is None:
+        pytest.skip("torch has no torch.nn.attention.varlen")
+    seqs = random_sequences(6, seed=5)
+    [batch] = pack(seqs, max_tokens=200)
+    batch = batch.to("cuda")
+    results = []
+    for prefer in ("auto", "reference"):
+        model = load_micro().to("cuda", torch.bfloat16)
+        assert select_packed_attention(model, prefer) == (
+            VARLEN if prefer == "auto" else VARLEN_REFERENCE
+        )
+        logprobs_K, _ = packed_logprobs(model, batch)
+        logprobs_K.sum().backward()
+        results.append((logprobs_K.detach(), model.model.layers[0].self_attn.q_proj.weight.grad))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(results[0][1], results[1][1], atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "reference"])
+def test_gradient_checkpointing_keeps_values_and_gradients(attention):
+    """The boundaries (mask or cu_seq_lens kwargs) reach layers that are recomputed."""
+    seqs = random_sequences(4, seed=6)
+    [batch] = pack(seqs, max_tokens=200)
+    results = []
+    for checkpointing in (False, True):
+        model = load_micro()
+        if attention == "reference":
+            select_packed_attention(model, "reference")
+        if checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+        logprobs_K, _ = packed_logprobs(model, batch)
+        logprobs_K.sum().backward()
+        results.append((logprobs_K.detach(), [p.grad for p in model.parameters()]))
+    torch.testing.assert_close(results[0][0], results[1][0])
+    for plain, recomputed in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(plain, recomputed, atol=1e-6, rtol=1e-5)

@@ -1,0 +1,184 @@
+"""Memory planner decisions on the Qwen2.5 0.5B and 7B shapes (numbers copied from their HF
+configs) and on a tiny CPU budget; overrides win when they fit and are refused when not."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from reinforge.errors import ConfigError
+from reinforge.train.planner import (
+    GiB,
+    MiB,
+    ModelShape,
+    PlanInputs,
+    activation_bytes_per_token,
+    free_device_memory,
+    lora_trainable_params,
+    plan_memory,
+)
+
+QWEN25_05B = {
+    "model_type": "qwen2",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+}
+QWEN25_7B = {
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "tie_word_embeddings": False,
+}
+MICRO = {  # reinforge's built-in micro model, float32 on a CPU
+    "model_type": "qwen2",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 320,
+    "tie_word_embeddings": True,
+}
+FREE_80GB = 79 * GiB  # what an 80 GB card reports free with the CUDA context up
+
+M05 = ModelShape.from_hf_config(QWEN25_05B)
+M7 = ModelShape.from_hf_config(QWEN25_7B)
+# BENCHMARKS.md G1 and G2
+G1 = dict(prompt_len=128, response_len=512, samples_per_prompt=8, prompts_per_step=32)
+G2 = dict(prompt_len=256, response_len=1024, samples_per_prompt=8, prompts_per_step=32)
+
+
+def test_shapes_count_parameters_and_kv_bytes():
+    assert M05.num_params == 494_032_768  # Qwen2.5-0.5B: 0.49B
+    assert M7.num_params == 7_615_616_512  # Qwen2.5-7B: 7.61B
+    assert M05.kv_bytes_per_token == 12 * 1024  # 2 * 24 layers * 2 kv heads * 64 * 2 B
+    assert M7.kv_bytes_per_token == 2 * 28 * 4 * 128 * 2
+    assert lora_trainable_params(M7, 32) == 32 * 28 * (7 * 3584 + 2 * 3584 + 2 * 512 + 3 * 18944)
+
+
+def test_05b_full_finetune_on_80gb_fits_without_checkpointing():
+    plan = plan_memory(PlanInputs(free_bytes=FREE_80GB, model=M05, **G1))
+    assert not plan.gradient_checkpointing
+    assert plan.micro_batch_tokens == 16384
+    # a KV pool for all 256 sequences at full length: 32 groups x (8 shared prompt pages + 8 x 32)
+    assert plan.kv_pages == 32 * (8 + 8 * 32)
+    assert plan.kv_cache_bytes == plan.kv_pages * 16 * M05.kv_bytes_per_token
+    table = plan.table()
+    for item in ("weights", "optimizer states", "activations", "KV cache", "headroom"):
+        assert item in table
+
+
+def test_7b_full_finetune_adamw_on_80gb_is_refused_with_lora_suggested():
+    with pytest.raises(ConfigError) as err:
+        plan_memory(PlanInputs(free_bytes=FREE_80GB, model=M7, optimizer="adamw_fp32", **G2))
+    message = str(err.value)
+    assert "full fine-tuning" in message
+    assert "use LoRA (model.lora.rank = 16)" in message
+    assert "2 GPUs" in message
+
+
+def test_7b_lora_r32_on_80gb_fits_with_checkpointing():
+    plan = plan_memory(PlanInputs(free_bytes=FREE_80GB, model=M7, lora_rank=32, **G2))
+    assert plan.gradient_checkpointing
+    assert plan.micro_batch_tokens == 16384
+    assert plan.kv_pages == 32 * (16 + 8 * 64)  # the whole step's rollout at once
+
+
+def test_7b_lora_on_24gb_shrinks_the_kv_pool():
+    plan = plan_memory(PlanInputs(free_bytes=24 * GiB, model=M7, lora_rank=32, **G2))
+    assert plan.gradient_checkpointing
+    assert plan.micro_batch_tokens == 256 + 1024  # one full sequence
+    assert 80 <= plan.kv_pages < 32 * (16 + 8 * 64)
+
+
+def test_long_responses_that_cannot_fit_suggest_a_shorter_max_new_tokens():
+    setup = dict(G2, response_len=32768)
+    with pytest.raises(ConfigError, match=r"reduce rollout\.max_new_tokens to (\d+)") as err:
+        plan_memory(PlanInputs(free_bytes=19 * GiB, model=M7, lora_rank=32, **setup))
+    suggested = int(re.search(r"max_new_tokens to (\d+)", str(err.value)).group(1))
+    fits = PlanInputs(
+        free_bytes=19 * GiB, model=M7, lora_rank=32, **dict(G2, response_len=suggested)
+    )
+    assert plan_memory(fits).gradient_checkpointing
+    too_long = PlanInputs(
+        free_bytes=19 * GiB, model=M7, lora_rank=32, **dict(G2, response_len=suggested + 1)
+    )
+    with pytest.raises(ConfigError):
+        plan_memory(too_long)
+
+
+def test_tiny_cpu_budget():
+    micro = ModelShape.from_hf_config(MICRO, dtype_bytes=4)
+    setup = dict(prompt_len=32, response_len=16, samples_per_prompt=4, prompts_per_step=4)
+    plan = plan_memory(PlanInputs(free_bytes=256 * MiB, model=micro, **setup))
+    assert not plan.gradient_checkpointing
+    assert plan.micro_batch_tokens == 16 * 48  # the whole step in one micro-batch
+    with pytest.raises(ConfigError, match="is free"):
+        plan_memory(PlanInputs(free_bytes=32 * MiB, model=micro, **setup))
+
+
+def test_overrides_win_when_they_fit():
+    plan = plan_memory(
+        PlanInputs(
+            free_bytes=FREE_80GB,
+            model=M05,
+            micro_batch_tokens=2048,
+            gradient_checkpointing=True,
+            kv_cache_bytes=GiB,
+            **G1,
+        )
+    )
+    assert plan.micro_batch_tokens == 2048
+    assert plan.gradient_checkpointing
+    assert plan.kv_pages == GiB // (16 * M05.kv_bytes_per_token)
+    no_checkpointing = plan_memory(
+        PlanInputs(free_bytes=FREE_80GB, model=M7, lora_rank=32, gradient_checkpointing=False, **G2)
+    )
+    assert not no_checkpointing.gradient_checkpointing
+    assert 1280 <= no_checkpointing.micro_batch_tokens < 8192
+
+
+def test_override_that_cannot_fit_is_refused_with_what_fits():
+    x = PlanInputs(
+        free_bytes=FREE_80GB,
+        model=M05,
+        micro_batch_tokens=60000,
+        gradient_checkpointing=False,
+        **G1,
+    )
+    with pytest.raises(ConfigError) as err:
+        plan_memory(x)
+    message = str(err.value)
+    assert "train.micro_batch_tokens = 60000" in message
+    assert "at most train.micro_batch_tokens = " in message
+    most = int(message.split("at most train.micro_batch_tokens = ")[1].split(" ")[0].rstrip(","))
+    ok = plan_memory(PlanInputs(**{**x.__dict__, "micro_batch_tokens": most}))
+    assert ok.micro_batch_tokens == most
+    with pytest.raises(ConfigError):
+        plan_memory(PlanInputs(**{**x.__dict__, "micro_batch_tokens": most + 1}))
+
+
+def test_overrides_below_one_sequence_are_refused():
+    with pytest.raises(ConfigError, match=r"train\.micro_batch_tokens = 100 .* >= 640"):
+        plan_memory(PlanInputs(free_bytes=FREE_80GB, model=M05, micro_batch_tokens=100, **G1))
+    with pytest.raises(ConfigError, match=r"rollout\.kv_cache_bytes = 1000 cannot hold"):
+        plan_memory(PlanInputs(free_bytes=FREE_80GB, model=M05, kv_cache_bytes=1000, **G1))
+
+
+def test_checkpointing_cuts_activations_per_token():
+    x = PlanInputs(free_bytes=FREE_80GB, model=M7, lora_rank=32, **G2)
+    assert activation_bytes_per_token(x, True) * 10 < activation_bytes_per_token(x, False)
+
+
+def test_free_device_memory_is_none_off_cuda():
+    assert free_device_memory("cpu") is None
