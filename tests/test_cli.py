@@ -54,6 +54,7 @@ def test_misplaced_key_exits_with_config_error(tmp_path):
 def test_train_end_to_end_then_zero_step_resume_fails(tmp_path):
     args = [
         "train",
+        *TINY_RUN,
         f"run.output_dir={tmp_path}",
         "run.name=e2e",
         "run.max_steps=3",
@@ -61,7 +62,6 @@ def test_train_end_to_end_then_zero_step_resume_fails(tmp_path):
         "checkpoint.every=2",
         "log.plot=true",
         "log.tensorboard=true",
-        *TINY_RUN,
     ]
     out = cli(*args)
     assert out.returncode == ExitCode.OK, out.stdout + out.stderr

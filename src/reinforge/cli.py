@@ -168,6 +168,8 @@ def print_preflight(pf, cfg) -> None:
     from reinforge.metrics import console
 
     table = Table(title="preflight", show_header=False)
+    table.add_column(overflow="fold")
+    table.add_column(overflow="fold")
     for k, v in pf.rows:
         table.add_row(k, v)
     for w in pf.warnings:
@@ -186,16 +188,18 @@ def print_summary(s) -> None:
         return "-" if x is None else f"{100 * x:.1f}%"
 
     table = Table(title=f"reinforge {s.command}: summary", show_header=False)
+    table.add_column(overflow="fold")
+    table.add_column(overflow="fold")
     table.add_row("steps trained", f"{s.steps_trained} (now at step {s.final_step})")
     if s.sft_eval_before is not None:
         table.add_row("held-out accuracy before SFT", pct(s.sft_eval_before))
     table.add_row("held-out accuracy before", pct(s.eval_before))
     table.add_row("held-out accuracy after", pct(s.eval_after))
     table.add_row("wall time", f"{s.wall_s:.0f} s")
-    table.add_row("run directory", str(s.run_dir))
     for note in s.notes:
         table.add_row("note", note)
     console.print(table)
+    print(f"run directory: {s.run_dir}")
 
 
 if __name__ == "__main__":

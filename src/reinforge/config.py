@@ -77,6 +77,10 @@ class ArithmeticTaskConfig(Section):
     """Most digits of an operand."""
     operations: list[Literal["+", "-", "*"]] = ["+", "-"]
     """Operations to draw from."""
+    sentence_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    """Fraction of SFT reference solutions written as a sentence ("The answer is 133.") instead of
+    the bare number the checker accepts: a format habit SFT teaches and RL has to unlearn, as with
+    real SFT data whose style differs from what the verifier wants."""
     partial_credit: float = Field(0.0, ge=0.0, lt=1.0)
     """Reward for a wrong answer, scaled by the fraction of its digits (aligned from the right) that
     match; 0 gives a plain 0/1 reward. Credit for the digits a wrong answer got right tells RL which

@@ -100,6 +100,9 @@ def build_tokenizer():
 def build_builtin(name: str, seed: int, out: Path) -> None:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     tok = build_tokenizer()
     vocab_size = (len(tok) + 63) // 64 * 64

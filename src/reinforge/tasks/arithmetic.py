@@ -1,4 +1,7 @@
-"""Multi-digit arithmetic: `a op b =`, answered with the number alone."""
+"""Multi-digit arithmetic: `a op b =`, answered with the number alone.
+
+The checker is strict, as exact-match graders are: the completion must start with the number.
+"""
 
 from __future__ import annotations
 
@@ -40,11 +43,12 @@ class ArithmeticTasks:
         a, b, op = operand(), operand(), rng.choice(c.operations)
         value = {"+": a + b, "-": a - b, "*": a * b}[op]
         key = f"{a}{op}{b}"
+        as_sentence = rng.random() < c.sentence_fraction
         return Task(
             id=task_id,
             messages=(Message("user", f"{a}{op}{b}="),),
             answer=str(value),
-            solution=str(value),
+            solution=f"The answer is {value}." if as_sentence else str(value),
             info={"key": key},
         )
 
