@@ -108,3 +108,22 @@ def test_config_docs_command_matches_committed_reference():
     out = cli("config-docs")
     assert out.returncode == 0
     assert out.stdout == (REPO / "docs" / "config.md").read_text()
+
+
+def test_runtime_failure_exits_nonzero_with_summary(tmp_path):
+    """A checkpoint folder with a config but no weights passes preflight and fails at load:
+    exit code 1, a one-line reason, the traceback kept in the run directory."""
+    from reinforge.models.tiny import builtin_path
+
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    src = builtin_path("micro", 0)
+    for f in src.iterdir():
+        if f.suffix != ".safetensors":
+            (broken / f.name).write_bytes(f.read_bytes())
+    out = cli(
+        "train", *TINY_RUN, f"run.output_dir={tmp_path}", "run.name=fail", f"model.path={broken}"
+    )
+    assert out.returncode == ExitCode.RUNTIME_FAILURE, out.stdout + out.stderr
+    assert "run failed after" in out.stderr and "error.txt" in out.stderr
+    assert (tmp_path / "fail" / "error.txt").read_text().strip()

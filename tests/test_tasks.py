@@ -41,3 +41,27 @@ def test_countdown_evaluator_refuses_everything_but_arithmetic():
     assert evaluate("a+1") is None
     value, nums = evaluate("(3+5)/2")
     assert value == 4 and nums == [3, 5, 2]
+
+
+def test_sentence_solutions_are_rejected_by_the_strict_checker():
+    tasks = ArithmeticTasks(ArithmeticTaskConfig(sentence_fraction=0.5, partial_credit=0.0))
+    sols = [tasks.train_task(i) for i in range(400)]
+    sentences = [t for t in sols if t.solution.startswith("The answer is")]
+    assert 150 < len(sentences) < 250  # about half
+    for t in sols[:50]:
+        expected = 0.0 if t.solution.startswith("The") else 1.0
+        assert tasks.reward(t.solution, t) == expected
+    # the operands do not depend on the style setting
+    plain = ArithmeticTasks(ArithmeticTaskConfig())
+    assert [t.messages for t in sols[:20]] == [plain.train_task(i).messages for i in range(20)]
+
+
+def test_partial_credit_counts_matching_digits_from_the_right():
+    tasks = ArithmeticTasks(ArithmeticTaskConfig(partial_credit=0.5))
+    t = tasks.train_task(0)
+    wrong_first = (
+        str(int(t.answer) + 10 ** (len(t.answer) - 1)) if not t.answer.startswith("-") else "0"
+    )
+    assert tasks.reward(t.answer, t) == 1.0
+    assert 0.0 < tasks.reward(wrong_first, t) < 0.5
+    assert tasks.reward("no number", t) == 0.0
