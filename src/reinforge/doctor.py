@@ -1,0 +1,208 @@
+"""`reinforge doctor [CONFIG]`: can this machine run reinforge (and this config)?
+
+Versions, devices, memory, disk, optional parts, a short smoke test (the built-in micro model's
+forward, backward and generate on every device), and with a CONFIG its preflight. Prints a
+table and a verdict; the command exits non-zero when something required fails.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+MIN_TORCH = (2, 6)
+
+
+@dataclass
+class Check:
+    name: str
+    value: str
+    status: str = OK
+    fix: str = ""
+
+
+@dataclass
+class DoctorReport:
+    checks: list[Check] = field(default_factory=list)
+
+    def add(self, name: str, value: str, status: str = OK, fix: str = "") -> None:
+        self.checks.append(Check(name, value, status, fix))
+
+    @property
+    def is_ok(self) -> bool:
+        return all(c.status != FAIL for c in self.checks)
+
+
+def _version(module: str) -> str | None:
+    try:
+        mod = importlib.import_module(module)
+    except Exception:
+        return None
+    return str(getattr(mod, "__version__", "installed"))
+
+
+def check_environment(report: DoctorReport, output_dir: str = ".") -> None:
+    py = sys.version_info
+    report.add(
+        "python", platform.python_version(), OK if py >= (3, 10) else FAIL, "use Python >= 3.10"
+    )
+    torch_v = _version("torch")
+    if torch_v is None:
+        report.add("torch", "missing", FAIL, "pip install 'torch>=2.6'")
+    else:
+        major_minor = tuple(int(x) for x in torch_v.split("+")[0].split(".")[:2])
+        report.add(
+            "torch", torch_v, OK if major_minor >= MIN_TORCH else FAIL, "pip install 'torch>=2.6'"
+        )
+    for name, required in (
+        ("transformers", True),
+        ("tokenizers", True),
+        ("safetensors", True),
+        ("pydantic", True),
+        ("peft", False),
+        ("triton", False),
+    ):
+        v = _version(name)
+        status = OK if v else (FAIL if required else WARN)
+        report.add(name, v or "missing", status, f"pip install {name}" if not v else "")
+    report.add("cpu", f"{os.cpu_count()} cores, {platform.machine()}")
+    try:
+        pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+        report.add("ram", f"{pages * page_size / 2**30:.1f} GiB")
+    except (ValueError, OSError, AttributeError):
+        report.add("ram", "unknown", WARN)
+    target = Path(output_dir)
+    while not target.exists():
+        target = target.parent
+    free = shutil.disk_usage(target).free / 2**30
+    report.add(
+        f"free disk at {output_dir}",
+        f"{free:.1f} GiB",
+        OK if free > 1 else WARN,
+        "free some space: checkpoints need room",
+    )
+    for label, present in (
+        ("bubblewrap (sandbox)", shutil.which("bwrap") is not None),
+        ("open_spiel (games)", _version("pyspiel") is not None),
+        ("math-verify (math rewards)", _version("math_verify") is not None),
+        ("tensorboard", _version("tensorboard") is not None),
+        ("wandb", _version("wandb") is not None),
+    ):
+        report.add(label, "present" if present else "absent", OK if present else WARN)
+
+
+def check_devices(report: DoctorReport, smoke: bool = True) -> None:
+    import torch
+
+    devices = ["cpu"]
+    if torch.cuda.is_available():
+        report.add("cuda", f"{torch.version.cuda} ({torch.cuda.device_count()} GPU)")
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            free, total = torch.cuda.mem_get_info(i)
+            bf16 = torch.cuda.is_bf16_supported()
+            report.add(
+                f"gpu {i}",
+                f"{props.name}, {free / 2**30:.1f}/{total / 2**30:.1f} GiB free, "
+                f"bf16 {'yes' if bf16 else 'no'}",
+            )
+            devices.append(f"cuda:{i}")
+    else:
+        report.add("cuda", "not available (CPU runs work; GPU makes them fast)", WARN)
+    if smoke:
+        for device in devices:
+            report.add(f"smoke {device}", *smoke_test(device))
+
+
+def smoke_test(device: str) -> tuple[str, str, str]:
+    """Forward, backward and a short generate with the built-in micro model."""
+    import torch
+
+    from reinforge.engine.base import SamplingParams
+    from reinforge.engine.simple import SimpleEngine
+    from reinforge.models.tiny import builtin_path
+    from reinforge.train.common import load_model, load_tokenizer
+
+    start = time.perf_counter()
+    try:
+        path = str(builtin_path("micro", 0))
+        dtype = (
+            torch.bfloat16
+            if device.startswith("cuda") and torch.cuda.is_bf16_supported()
+            else torch.float32
+        )
+        model = load_model(path, torch.device(device), dtype)
+        tok = load_tokenizer(path)
+        ids = torch.tensor([tok.encode("1+1=")], device=device)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        assert torch.isfinite(loss), "non-finite loss"
+        out = SimpleEngine(model, tok).generate(
+            [ids[0].tolist()], SamplingParams(max_new_tokens=4, ignore_eos=True)
+        )
+        assert len(out[0][0].token_ids) == 4
+    except Exception as e:
+        return (
+            f"{type(e).__name__}: {e}",
+            FAIL,
+            "run `reinforge doctor` again after fixing the error above",
+        )
+    return f"forward+backward+generate in {time.perf_counter() - start:.1f}s", OK, ""
+
+
+def check_config(
+    report: DoctorReport, command: str, config: str | None, overrides: list[str]
+) -> None:
+    from reinforge.config import ROOTS, load_config
+    from reinforge.errors import ConfigError
+    from reinforge.preflight import run_preflight
+
+    try:
+        cfg = load_config(ROOTS[command], config, overrides)
+        pf = run_preflight(cfg)
+    except ConfigError as e:
+        report.add("config", str(e), FAIL)
+        return
+    for name, value in pf.rows:
+        report.add(f"preflight: {name}", value)
+    for warning in pf.warnings:
+        report.add("preflight", warning, WARN)
+    for error in pf.errors:
+        report.add("preflight", error, FAIL)
+
+
+def run_doctor(
+    config: str | None = None, overrides: list[str] = (), command: str = "train", smoke: bool = True
+) -> DoctorReport:
+    report = DoctorReport()
+    check_environment(report)
+    if not report.is_ok:
+        return report  # torch or transformers missing: nothing further can run
+    check_devices(report, smoke=smoke)
+    if config is not None or overrides:
+        check_config(report, command, config, list(overrides))
+    return report
+
+
+def print_report(report: DoctorReport) -> None:
+    from rich.table import Table
+
+    from reinforge.metrics import console
+
+    table = Table(title="reinforge doctor")
+    for col in ("check", "value", "status"):
+        table.add_column(col, overflow="fold")
+    style = {OK: "green", WARN: "yellow", FAIL: "bold red"}
+    for c in report.checks:
+        value = f"{c.value} (fix: {c.fix})" if c.status == FAIL and c.fix else c.value
+        table.add_row(c.name, value, f"[{style[c.status]}]{c.status}[/]")
+    console.print(table)
+    failed = [c.name for c in report.checks if c.status == FAIL]
+    print("verdict: ready" if not failed else f"verdict: NOT ready ({', '.join(failed)})")
