@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 import re
 
-from reinforge.config import ArithmeticTaskConfig
+from reinforge.tasks.procedural import ProceduralTasks
 from reinforge.types import Message, Task
 
 _NUMBER = re.compile(r"-?\d+")
@@ -21,16 +21,8 @@ def parse_answer(completion: str) -> str | None:
     return match.group(0) if match else None
 
 
-class ArithmeticTasks:
+class ArithmeticTasks(ProceduralTasks):
     name = "arithmetic"
-
-    def __init__(self, cfg: ArithmeticTaskConfig):
-        self.cfg = cfg
-        self._eval = [
-            self._make(random.Random(f"{cfg.seed}/eval/{i}"), f"eval-{i}")
-            for i in range(cfg.num_eval)
-        ]
-        self._eval_keys = {t.info["key"] for t in self._eval}
 
     def _make(self, rng: random.Random, task_id: str) -> Task:
         c = self.cfg
@@ -51,19 +43,6 @@ class ArithmeticTasks:
             solution=f"The answer is {value}." if as_sentence else str(value),
             info={"key": key},
         )
-
-    def train_task(self, index: int) -> Task:
-        # Redraw (deterministically) the rare task that collides with a held-out one.
-        for attempt in range(1000):
-            task = self._make(
-                random.Random(f"{self.cfg.seed}/train/{index}/{attempt}"), f"train-{index}"
-            )
-            if task.info["key"] not in self._eval_keys:
-                return task
-        raise AssertionError("the eval split covers the whole task space")
-
-    def eval_tasks(self) -> list[Task]:
-        return list(self._eval)
 
     def reward(self, completion: str, task: Task) -> float:
         given = parse_answer(completion)

@@ -8,7 +8,7 @@ import random
 from collections import Counter
 from fractions import Fraction
 
-from reinforge.config import CountdownTaskConfig
+from reinforge.tasks.procedural import ProceduralTasks
 from reinforge.types import Message, Task
 
 MAX_EXPRESSION_CHARS = 200
@@ -56,16 +56,8 @@ def extract_expression(completion: str) -> str:
     return line.split("=", 1)[0].strip()
 
 
-class CountdownTasks:
+class CountdownTasks(ProceduralTasks):
     name = "countdown"
-
-    def __init__(self, cfg: CountdownTaskConfig):
-        self.cfg = cfg
-        self._eval = [
-            self._make(random.Random(f"{cfg.seed}/eval/{i}"), f"eval-{i}")
-            for i in range(cfg.num_eval)
-        ]
-        self._eval_keys = {t.info["key"] for t in self._eval}
 
     def _make(self, rng: random.Random, task_id: str) -> Task:
         while True:
@@ -88,18 +80,6 @@ class CountdownTasks:
             solution=expr,
             info={"key": key, "numbers": shown, "target": target},
         )
-
-    def train_task(self, index: int) -> Task:
-        for attempt in range(1000):
-            task = self._make(
-                random.Random(f"{self.cfg.seed}/train/{index}/{attempt}"), f"train-{index}"
-            )
-            if task.info["key"] not in self._eval_keys:
-                return task
-        raise AssertionError("the eval split covers the whole task space")
-
-    def eval_tasks(self) -> list[Task]:
-        return list(self._eval)
 
     def reward(self, completion: str, task: Task) -> float:
         result = evaluate(extract_expression(completion))
