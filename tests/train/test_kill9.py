@@ -35,7 +35,7 @@ def test_twenty_kill9_resumes_reach_the_same_weights(tmp_path):
         "checkpoint.every=1",
         "checkpoint.keep_last=2",
     ]
-    straight = cli(*args, "run.name=straight")
+    straight = cli(*args, "run.name=straight", timeout=900)
     assert straight.returncode == ExitCode.OK, straight.stderr
     run = tmp_path / "killed"
     rng = random.Random(0)
@@ -68,7 +68,7 @@ def test_twenty_kill9_resumes_reach_the_same_weights(tmp_path):
         raise AssertionError(
             f"the run finished after {kills} kills; raise MAX_STEPS: {proc.stderr.read()[-2000:]}"
         )
-    resumed = cli(*args, "run.name=killed", "--resume", str(run))
+    resumed = cli(*args, "run.name=killed", "--resume", str(run), timeout=900)
     assert resumed.returncode == ExitCode.OK, resumed.stderr
     same = weights_hash(run) == weights_hash(tmp_path / "straight")
     print(
