@@ -1,0 +1,199 @@
+"""A dataset as a `TaskSource`: `load_dataset_tasks(spec, tokenizer)` reads, validates and splits
+it once; `DatasetTasks` then serves training tasks by index and the held-out evaluation tasks.
+
+`train_task(i)` is a pure function of (seed, i): epoch `i // n` visits the n training rows in
+its own seeded order, so a run's data position is one integer. Held-out tasks come from a
+separate file or split, or from a seeded fraction of the rows; with a fraction, training rows
+whose prompt equals a held-out prompt are dropped too (counted in `num_train_dropped`), so
+duplicates in the data do not leak the evaluation set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reinforge.data.formats import ROW_UNITS, BadRecord, detect_format, read_records
+from reinforge.data.report import LoadReport
+from reinforge.data.rewards import RewardRouter, resolve_rewards
+from reinforge.data.schema import BadRow, Columns, check_prompt, record_to_task, resolve_columns
+from reinforge.data.spec import SETTING, DatasetSpec, check_spec
+from reinforge.errors import ConfigError
+from reinforge.types import Task
+
+log = logging.getLogger(__name__)
+_TOKENIZE_CHUNK = 512
+
+
+@dataclass
+class DatasetTasks:
+    name: str
+    train: list[Task]
+    eval: list[Task]
+    rewards: RewardRouter
+    seed: int = 0
+    shuffle: bool = True
+    reports: list[LoadReport] = field(default_factory=list)  # train first, then a separate eval
+    num_train_dropped: int = 0  # training rows equal to a held-out prompt
+
+    def __post_init__(self):
+        assert self.train, "a task source needs training tasks"
+        self._epoch, self._order = -1, list(range(len(self.train)))
+
+    def __len__(self) -> int:
+        return len(self.train)
+
+    def train_task(self, index: int) -> Task:
+        epoch, position = divmod(index, len(self.train))
+        if self.shuffle and epoch != self._epoch:
+            self._order = list(range(len(self.train)))
+            random.Random(f"{self.seed}/epoch/{epoch}").shuffle(self._order)
+            self._epoch = epoch
+        return self.train[self._order[position]]
+
+    def eval_tasks(self) -> list[Task]:
+        return list(self.eval)
+
+    def reward(self, completion: str, task: Task) -> float:
+        return self.rewards(completion, task)
+
+
+def load_dataset_tasks(spec: DatasetSpec, tokenizer=None) -> DatasetTasks:
+    """Read, validate and split the dataset `spec` names. With a tokenizer and
+    `spec.max_prompt_tokens`, prompts over the budget are bad rows."""
+    check_spec(spec)
+    if spec.max_prompt_tokens is not None and tokenizer is None:
+        raise ConfigError(
+            f"{SETTING}.max_prompt_tokens needs a tokenizer to count with; pass the model's"
+        )
+    name = spec.name or default_name(spec.path)
+    train, report = load_tasks(spec, spec.path, spec.split, "train", name, tokenizer)
+    reports, dropped = [report], 0
+    if spec.eval_path is not None or spec.eval_split is not None:
+        eval_path = spec.eval_path if spec.eval_path is not None else spec.path
+        eval_split = spec.eval_split if spec.eval_split is not None else spec.split
+        held_out, eval_report = load_tasks(spec, eval_path, eval_split, "eval", name, tokenizer)
+        reports.append(eval_report)
+    elif spec.eval_fraction > 0:
+        train, held_out, dropped = hold_out(train, spec.eval_fraction, spec.seed)
+    else:
+        held_out = []
+    if spec.max_eval is not None:
+        held_out = held_out[: spec.max_eval]
+    if not train:
+        raise ConfigError(
+            f"{SETTING}.eval_fraction = {spec.eval_fraction} leaves no training rows of "
+            f"{report.num_loaded}; lower it"
+        )
+    return DatasetTasks(
+        name=name,
+        train=train,
+        eval=held_out,
+        rewards=resolve_rewards(train + held_out, spec),
+        seed=spec.seed,
+        shuffle=spec.shuffle,
+        reports=reports,
+        num_train_dropped=dropped,
+    )
+
+
+def load_tasks(
+    spec: DatasetSpec, path: str, split: str, role: str, name: str, tokenizer=None
+) -> tuple[list[Task], LoadReport]:
+    """The valid tasks of one file or split and the report of what was refused; fails when the
+    policy is "error" and any row was bad, or when no row is usable."""
+    path = spec.resolve(path)
+    fmt = spec.format if spec.format != "auto" else detect_format(path)
+    report = LoadReport(source=path, split=split, format=fmt, row_unit=ROW_UNITS.get(fmt, "row"))
+    records = read_records(path, fmt, split, spec.subset, spec.seed, spec.max_rows, spec.base_dir)
+    cols: Columns | None = None
+    tasks = []
+    for row, record in records:
+        report.num_rows += 1
+        try:
+            if isinstance(record, BadRecord):
+                raise BadRow(record.reason, record.detail)
+            if isinstance(record, Task):
+                check_prompt(record.messages)
+                report.schema = "tasks"
+                info = {"data_source": name, **record.info, "row": row}
+                tasks.append(dataclasses.replace(record, info=info))
+                continue
+            if cols is None:
+                cols = resolve_columns(record, spec.columns, spec.require_answer, path)
+                report.schema, report.columns = cols.schema, cols.as_dict()
+            tasks.append(record_to_task(record, cols, f"{role}-{row}", row, name))
+        except BadRow as bad:
+            report.add_bad(bad.reason, row, bad.detail)
+    if tokenizer is not None and spec.max_prompt_tokens is not None:
+        tasks = drop_over_budget(tasks, tokenizer, spec.max_prompt_tokens, report)
+    report.num_loaded = len(tasks)
+    _settle(report, spec)
+    return tasks, report
+
+
+def _settle(report: LoadReport, spec: DatasetSpec) -> None:
+    if report.num_skipped and spec.on_bad_row == "error":
+        raise ConfigError(
+            f"bad rows in the data ({SETTING}.on_bad_row = 'error'):\n{report.summary()}\n"
+            f"fix those rows, or set {SETTING}.on_bad_row = 'skip' to train without them"
+        )
+    if not report.num_loaded:
+        raise ConfigError(f"no usable rows:\n{report.summary()}")
+    if report.num_skipped:
+        log.warning("skipped bad rows:\n%s", report.summary())
+
+
+def drop_over_budget(
+    tasks: list[Task], tokenizer, max_prompt_tokens: int, report: LoadReport
+) -> list[Task]:
+    """Tasks whose chat-rendered prompt fits in `max_prompt_tokens`; the rest are bad rows."""
+    kept = []
+    for start in range(0, len(tasks), _TOKENIZE_CHUNK):
+        chunk = tasks[start : start + _TOKENIZE_CHUNK]
+        ids = tokenizer.apply_chat_template(
+            [[m.to_dict() for m in t.messages] for t in chunk],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for task, prompt_ids in zip(chunk, ids, strict=True):
+            if len(prompt_ids) > max_prompt_tokens:
+                detail = (
+                    f"{len(prompt_ids)} tokens > {SETTING}.max_prompt_tokens = {max_prompt_tokens}"
+                )
+                report.add_bad("prompt over token budget", task.info.get("row", -1), detail)
+            else:
+                kept.append(task)
+    return kept
+
+
+def hold_out(
+    tasks: Sequence[Task], fraction: float, seed: int
+) -> tuple[list[Task], list[Task], int]:
+    """(train, held out, number of training rows dropped as duplicates of a held-out prompt)."""
+    order = list(range(len(tasks)))
+    random.Random(f"{seed}/holdout").shuffle(order)
+    num_eval = max(1, round(fraction * len(tasks)))
+    held = sorted(order[:num_eval])
+    held_keys = {prompt_key(tasks[i]) for i in held}
+    rest = [tasks[i] for i in sorted(order[num_eval:])]
+    train = [t for t in rest if prompt_key(t) not in held_keys]
+    return train, [tasks[i] for i in held], len(rest) - len(train)
+
+
+def prompt_key(task: Task) -> tuple[tuple[str, str], ...]:
+    return tuple((m.role, m.content) for m in task.messages)
+
+
+def default_name(path: str) -> str:
+    """The dataset's name: the file's stem, a folder's or hub dataset's last part, or the
+    generator's function."""
+    if ":" in path and not Path(path).exists():
+        return path.rsplit(":", 1)[1]
+    p = Path(path.rstrip("/\\"))
+    return p.stem if p.suffix else p.name
