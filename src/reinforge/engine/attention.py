@@ -3,12 +3,14 @@
 A backend writes the step's new K/V into the pool by slot and attends: prefill (several query
 tokens per sequence, causal, packed back to back) and decode (one query token per sequence).
 The reference backend gathers each sequence's pages and calls torch SDPA with grouped-query
-heads. It is the seam for the GPU path: a Triton paged decode kernel (reading each page once per
-KV head) and packed varlen prefill register here under "cuda" without touching the model code.
+heads. The GPU path (`triton_attention`: a Triton paged decode kernel reading each page once per
+KV head, a fused RoPE + K/V write, packed varlen prefill) registers itself here under "cuda" the
+first time a CUDA model asks for a backend, so CPU-only installs never import Triton.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +28,7 @@ class AttentionMetadata:
     context_lens: torch.Tensor  # [B] tokens each sequence attends to, this step's included
     query_lens: list[int]  # tokens computed per sequence (host side: used to split)
     context_lens_host: list[int]
+    cu_seqlens: torch.Tensor | None = None  # [B + 1] int32 prefix sums of query_lens (prefill)
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,9 @@ class AttentionBackend:
     write_kv: Callable[..., None]
     prefill: Callable[..., torch.Tensor]
     decode: Callable[..., torch.Tensor]
+    # (q, k, v, cos, sin, k_cache, v_cache, slot_mapping) -> (q, k): RoPE and the K/V write in one
+    # pass; when None the model code applies RoPE itself and calls `write_kv`
+    rope_write_kv: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 def write_kv_index_copy(
@@ -92,9 +98,18 @@ def decode_sdpa(q_BHD, k_cache, v_cache, meta: AttentionMetadata, scale: float) 
 SDPA_BACKEND = AttentionBackend(
     name="sdpa-gather", write_kv=write_kv_index_copy, prefill=prefill_sdpa, decode=decode_sdpa
 )
-# TODO(gpu): "cuda" gets a Triton paged decode kernel and varlen prefill; SDPA until then.
-ATTENTION_BACKENDS: dict[str, AttentionBackend] = {"cpu": SDPA_BACKEND, "cuda": SDPA_BACKEND}
+ATTENTION_BACKENDS: dict[str, AttentionBackend] = {"cpu": SDPA_BACKEND}
 
 
 def select_attention_backend(device: torch.device) -> AttentionBackend:
+    if device.type == "cuda" and "cuda" not in ATTENTION_BACKENDS:
+        try:
+            import reinforge.engine.triton_attention  # noqa: F401  (registers "cuda")
+        except ImportError as error:
+            warnings.warn(
+                f"the Triton attention backend is unavailable ({error}); using the SDPA "
+                "reference backend on CUDA (correct, much slower). Install triton.",
+                stacklevel=2,
+            )
+            ATTENTION_BACKENDS["cuda"] = SDPA_BACKEND
     return ATTENTION_BACKENDS.get(device.type, SDPA_BACKEND)

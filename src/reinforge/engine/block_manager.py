@@ -68,10 +68,11 @@ class BlockManager:
     def can_append(self, seq: Sequence) -> bool:
         return self.num_blocks_to_append(seq) <= len(self.free_blocks)
 
-    def append_slot(self, seq: Sequence) -> list[tuple[int, int]]:
+    def append_slot(self, seq: Sequence, checked: bool = False) -> list[tuple[int, int]]:
         """Make the page that receives `seq`'s last token its own; returns the page copies
-        (source, destination) the runner must do before the step, at most one."""
-        assert self.can_append(seq)
+        (source, destination) the runner must do before the step, at most one. `checked`: the
+        caller already knows `can_append(seq)`."""
+        assert checked or self.can_append(seq)
         index = (seq.num_tokens - 1) // self.block_size
         if index == len(seq.block_table):
             seq.block_table.append(self._take())

@@ -1,20 +1,33 @@
-"""The device side of the paged engine: the KV pool tensor and one forward per scheduled step.
+"""The device side of the paged engine: the KV pool tensor, one forward per scheduled step, and
+the sampler.
 
 Everything that touches tensors lives here; the scheduler hands over a `Batch` of sequences with
-their page tables and gets back the last-position logits of each group's leader.
+their page tables and gets back one sampled token and its logprob per sequence. On CUDA with
+Triton, the decode step replays a CUDA graph (`cuda_graphs`), the small ops are fused
+(`triton_ops`), and sampling without top-p / top-k / min-p runs as one Gumbel-max pass on the
+device; the host reads back the ids and logprobs once per step. `launch` only queues a step and
+returns a `LaunchedStep` to wait on, so the engine can queue the next decode first.
 """
 
 from __future__ import annotations
 
+import warnings
+from dataclasses import dataclass
+
 import torch
 
 from reinforge.engine.attention import AttentionMetadata, select_attention_backend
-from reinforge.engine.qwen_forward import ModelShape, forward
+from reinforge.engine.base import SamplingParams
+from reinforge.engine.qwen_forward import TORCH_OPS, ForwardOps, ModelShape, forward, rope_table
+from reinforge.engine.sampling import sample
 from reinforge.engine.scheduler import Batch
-from reinforge.engine.sequence import Sequence
+from reinforge.engine.sequence import Sequence, num_blocks_for
 
 DEFAULT_CPU_KV_BYTES = 64 * 2**20
-DEFAULT_GPU_FREE_FRACTION = 0.5  # of free memory when no budget is given (the planner's job later)
+# On an accelerator with no budget given, the pool takes the free memory minus this reserve for
+# activations (prefill, logits, sampler, graph pool) and the allocator's fragmentation.
+GPU_RESERVE_FRACTION = 0.05  # of total memory
+GPU_RESERVE_BYTES = 2**30
 
 
 def kv_bytes_per_block(model, block_size: int) -> int:
@@ -23,46 +36,181 @@ def kv_bytes_per_block(model, block_size: int) -> int:
     return shape.num_layers * 2 * block_size * shape.num_kv_heads * shape.head_dim * dtype.itemsize
 
 
-def num_blocks_for_budget(model, block_size: int, kv_cache_bytes: int | None) -> int:
-    """Pages that fit in `kv_cache_bytes`; by default a modest CPU budget, or a fraction of the
-    accelerator's free memory."""
+def activation_bytes(model, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """An upper estimate of the step's transient memory: a full prefill's largest activations and
+    float32 sampler temporaries over the logits of every sequence."""
+    config = model.config
+    shape = ModelShape.from_config(config)
+    itemsize = next(model.parameters()).dtype.itemsize
+    per_token = (
+        3 * config.intermediate_size
+        + 6 * config.hidden_size
+        + 2 * (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
+    )
+    prefill = max_num_batched_tokens * per_token * itemsize
+    logits = max_num_seqs * config.vocab_size * (2 * itemsize + 4 * 4)
+    return prefill + logits
+
+
+def num_blocks_for_budget(
+    model,
+    block_size: int,
+    kv_cache_bytes: int | None,
+    max_num_seqs: int = 256,
+    max_num_batched_tokens: int = 8192,
+) -> int:
+    """Pages that fit in `kv_cache_bytes`; by default a modest CPU budget, or the accelerator's
+    free memory less a reserve for activations (`GPU_RESERVE_*` + `activation_bytes`)."""
     if kv_cache_bytes is None:
         device = next(model.parameters()).device
         if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            kv_cache_bytes = int(free * DEFAULT_GPU_FREE_FRACTION)
+            free, total = torch.cuda.mem_get_info(device)
+            reserve = (
+                GPU_RESERVE_FRACTION * total
+                + GPU_RESERVE_BYTES
+                + activation_bytes(model, max_num_seqs, max_num_batched_tokens)
+            )
+            kv_cache_bytes = int(free - reserve)
         else:
             kv_cache_bytes = DEFAULT_CPU_KV_BYTES
     num_blocks = kv_cache_bytes // kv_bytes_per_block(model, block_size)
     if num_blocks < 1:
         raise ValueError(
             f"kv_cache_bytes={kv_cache_bytes} is below one KV page "
-            f"({kv_bytes_per_block(model, block_size)} bytes); raise it"
+            f"({kv_bytes_per_block(model, block_size)} bytes); raise it, or free accelerator memory"
         )
     return num_blocks
 
 
+def select_ops(device: torch.device) -> ForwardOps:
+    if device.type != "cuda":
+        return TORCH_OPS
+    try:
+        from reinforge.engine import triton_ops
+    except ImportError:
+        return TORCH_OPS
+    return ForwardOps(add_rms_norm=triton_ops.add_rms_norm, silu_mul=triton_ops.silu_mul)
+
+
+@dataclass
+class LaunchedStep:
+    """A step queued on the device; `result` waits for it and reads its tokens back."""
+
+    batch: Batch
+    ids: torch.Tensor  # on the device: the next step's input tokens
+    host_ids: torch.Tensor
+    host_logprobs: torch.Tensor
+    event: torch.cuda.Event | None
+
+    def result(self) -> tuple[list[int], list[float]]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host_ids.tolist(), self.host_logprobs.tolist()
+
+
+def uses_fused_sampler(params: SamplingParams) -> bool:
+    return params.top_p >= 1.0 and params.top_k == 0 and params.min_p == 0.0
+
+
 class ModelRunner:
-    def __init__(self, model, num_blocks: int, block_size: int):
+    def __init__(
+        self,
+        model,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int = 256,
+        use_cuda_graphs: bool | None = None,
+    ):
+        """`use_cuda_graphs`: None takes them where they work (CUDA, Triton backend, a rope that
+        can be tabulated)."""
         self.model = model
         self.block_size = block_size
         self.shape = ModelShape.from_config(model.config)
         param = next(model.parameters())
         self.device = param.device
+        self.dtype = param.dtype
         self.backend = select_attention_backend(self.device)
+        self.is_fast_path = self.backend.name == "triton-paged"
+        self.ops = select_ops(self.device) if self.is_fast_path else TORCH_OPS
         s = self.shape
         self.kv_cache = torch.zeros(
             (s.num_layers, 2, num_blocks, block_size, s.num_kv_heads, s.head_dim),
             dtype=param.dtype,
             device=self.device,
         )
+        self.max_num_seqs = max_num_seqs
+        if use_cuda_graphs is None:
+            use_cuda_graphs = self.is_fast_path
+        self.use_cuda_graphs = use_cuda_graphs
+        self.graphs = None
+        self._graph_logits = False  # the last decode's logits came from a graph replay
+        self._host_results: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._num_fetches = 0
+        self.max_model_len = 0
+        self.rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.ensure_max_len(getattr(model.config, "max_position_embeddings", 0) or 4096)
+
+    @property
+    def max_pages(self) -> int:
+        return num_blocks_for(self.max_model_len, self.block_size)
+
+    def ensure_max_len(self, num_tokens: int) -> None:
+        """Size the rope table and the graphs' page tables for sequences of `num_tokens`."""
+        if num_tokens <= self.max_model_len:
+            return
+        self.max_model_len = num_tokens
+        self.rope = rope_table(self.model, num_tokens)
+        self.graphs = None
+        if self.use_cuda_graphs:
+            if self.rope is None:
+                warnings.warn(
+                    "a rope type recomputed per call: decode runs without CUDA graphs",
+                    stacklevel=2,
+                )
+            else:
+                from reinforge.engine.cuda_graphs import DecodeGraphs
+
+                self.graphs = DecodeGraphs(self, self.max_num_seqs)
+
+    def begin_generate(self) -> None:
+        if self.graphs is not None:
+            self.graphs.check_params()
+
+    @property
+    def graph_capture_seconds(self) -> float:
+        return self.graphs.capture_seconds if self.graphs is not None else 0.0
+
+    def launch(
+        self,
+        batch: Batch,
+        params: SamplingParams,
+        generator: torch.Generator,
+        prev_ids: torch.Tensor | None = None,
+    ) -> LaunchedStep:
+        """Queue the step and its sampling on the device; returns before they run."""
+        logits = self.run(batch, prev_ids)
+        ids, logprobs = self.sample(batch, logits, params, generator)
+        return LaunchedStep(batch, ids, *self._fetch(ids, logprobs))
 
     @torch.inference_mode()
-    def run(self, batch: Batch) -> torch.Tensor:
-        """Computes the step and returns logits [len(batch.groups), vocab]."""
+    def run(self, batch: Batch, prev_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Computes the step and returns logits [len(batch.groups), vocab]. `prev_ids`: in a
+        decode, the input tokens on the device (the last step's samples, not read back yet)."""
         self._copy_blocks(batch.block_copies)
-        prepare = self._prepare_prefill if batch.is_prefill else self._prepare_decode
-        input_ids, positions, meta, logits_indices = prepare(batch.leaders)
+        leaders = batch.leaders
+        self._graph_logits = False
+        if self.graphs is not None:
+            if batch.is_prefill:
+                self.graphs.forget_tables()
+            elif self.graphs.fits(len(leaders)):
+                self._graph_logits = True
+                return self.graphs.run(leaders, prev_ids)
+        if batch.is_prefill:
+            input_ids, positions, meta, logits_indices = self._prepare_prefill(leaders)
+        else:
+            input_ids, positions, meta, logits_indices = self._prepare_decode(leaders)
+            if prev_ids is not None:
+                input_ids = prev_ids
         return forward(
             self.model,
             input_ids,
@@ -72,7 +220,64 @@ class ModelRunner:
             logits_indices,
             self.backend,
             self.shape,
+            self.ops,
+            self.rope,
         )
+
+    @torch.inference_mode()
+    def sample(
+        self,
+        batch: Batch,
+        logits_GV: torch.Tensor,
+        params: SamplingParams,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids, logprobs) on the device: one token per sequence of the batch; every member of
+        a group samples from its leader's logits."""
+        sizes = [len(group) for group in batch.groups]
+        if any(size > 1 for size in sizes):
+            repeats = torch.tensor(sizes, device=logits_GV.device)
+            logits_GV = logits_GV.repeat_interleave(repeats, dim=0, output_size=sum(sizes))
+        if self.is_fast_path and uses_fused_sampler(params):
+            from reinforge.engine import cuda_graphs, triton_ops
+
+            n = logits_GV.shape[0]
+            if self._graph_logits:
+                seeds = self.graphs.row(cuda_graphs.SEEDS, n)
+                positions = self.graphs.row(cuda_graphs.OUTPUT_POSITIONS, n)
+            else:
+                seqs = batch.seqs
+                seeds = self._to_device([seq.sample_seed for seq in seqs])
+                positions = self._to_device([seq.num_output_tokens for seq in seqs])
+            ids, lps = triton_ops.sample_gumbel(logits_GV, params.temperature, seeds, positions)
+        else:
+            ids, lps = sample(
+                logits_GV, params.temperature, params.top_p, params.top_k, params.min_p, generator
+            )
+        return ids, lps
+
+    def _fetch(self, ids: torch.Tensor, logprobs: torch.Tensor):
+        """Start copying the step's results to the host; (ids, logprobs, event) to wait on."""
+        if self.device.type != "cuda":
+            return ids, logprobs, None
+        n = ids.shape[0]
+        if len(self._host_results) < 2 or self._host_results[0][0].shape[0] < n:
+            size = max(n, self.max_num_seqs)
+            self._host_results = [
+                (
+                    torch.empty(size, dtype=torch.long, pin_memory=True),
+                    torch.empty(size, dtype=torch.float32, pin_memory=True),
+                )
+                for _ in range(2)
+            ]
+        # two buffers in turn: a step launched ahead must not overwrite the one being read
+        host_ids, host_logprobs = self._host_results[self._num_fetches % 2]
+        self._num_fetches += 1
+        host_ids[:n].copy_(ids, non_blocking=True)
+        host_logprobs[:n].copy_(logprobs, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return host_ids[:n], host_logprobs[:n], event
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:
@@ -100,25 +305,28 @@ class ModelRunner:
         positions = [seq.num_tokens - 1 for seq in seqs]
         slots = [seq.slot(p, self.block_size) for seq, p in zip(seqs, positions)]
         input_ids = [seq.last_token_id for seq in seqs]
-        logits_indices = torch.arange(len(seqs))
-        return self._tensors(
-            seqs, input_ids, positions, slots, [1] * len(seqs), logits_indices, False
-        )
+        return self._tensors(seqs, input_ids, positions, slots, [1] * len(seqs), None, False)
+
+    def _to_device(self, values) -> torch.Tensor:
+        return torch.as_tensor(values, dtype=torch.long).to(self.device, non_blocking=True)
 
     def _tensors(self, seqs, input_ids, positions, slots, query_lens, logits_indices, is_prefill):
         max_pages = max(len(seq.block_table) for seq in seqs)
         tables = [seq.block_table + [0] * (max_pages - len(seq.block_table)) for seq in seqs]
         context_lens = [seq.num_tokens for seq in seqs]
-
-        def to_device(values) -> torch.Tensor:
-            return torch.as_tensor(values, dtype=torch.long).to(self.device, non_blocking=True)
-
+        cu_seqlens = None
+        if is_prefill and self.is_fast_path:
+            cu = torch.tensor([0, *query_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+            cu_seqlens = cu.to(self.device, non_blocking=True)
         meta = AttentionMetadata(
             is_prefill=is_prefill,
-            slot_mapping=to_device(slots),
-            block_tables=to_device(tables),
-            context_lens=to_device(context_lens),
+            slot_mapping=self._to_device(slots),
+            block_tables=self._to_device(tables),
+            context_lens=self._to_device(context_lens),
             query_lens=query_lens,
             context_lens_host=context_lens,
+            cu_seqlens=cu_seqlens,
         )
-        return to_device(input_ids), to_device(positions), meta, to_device(logits_indices)
+        if logits_indices is not None:
+            logits_indices = self._to_device(logits_indices)
+        return self._to_device(input_ids), self._to_device(positions), meta, logits_indices

@@ -12,14 +12,14 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
 from reinforge.engine.base import GenerationStats, SamplingParams
 from reinforge.engine.block_manager import BlockManager
-from reinforge.engine.model_runner import ModelRunner, num_blocks_for_budget
+from reinforge.engine.model_runner import LaunchedStep, ModelRunner, num_blocks_for_budget
 from reinforge.engine.qwen_forward import unsupported_reason
-from reinforge.engine.sampling import sample
 from reinforge.engine.scheduler import Batch, Scheduler
 from reinforge.engine.sequence import Sequence
 from reinforge.engine.simple import SimpleEngine
@@ -27,6 +27,8 @@ from reinforge.types import Completion
 
 
 class PagedEngine:
+    overlap = True  # queue each decode before reading the previous one back (off: for tests)
+
     def __init__(
         self,
         model,
@@ -37,9 +39,11 @@ class PagedEngine:
         kv_cache_bytes: int | None = None,
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192,
+        use_cuda_graphs: bool | None = None,
     ):
         """`num_blocks` sets the pool size in pages; otherwise it is what fits in
-        `kv_cache_bytes` (default: 64 MiB on CPU, half the free memory on an accelerator)."""
+        `kv_cache_bytes` (default: 64 MiB on CPU; on an accelerator, the free memory less a
+        reserve for activations). `use_cuda_graphs`: None uses them where they work."""
         self.model = model
         self.tokenizer = tokenizer
         self.block_size = block_size
@@ -57,9 +61,11 @@ class PagedEngine:
             self.fallback = SimpleEngine(model, tokenizer, max_batch_size=max_num_seqs)
             return
         if num_blocks is None:
-            num_blocks = num_blocks_for_budget(model, block_size, kv_cache_bytes)
+            num_blocks = num_blocks_for_budget(
+                model, block_size, kv_cache_bytes, max_num_seqs, max_num_batched_tokens
+            )
         self.num_blocks = num_blocks
-        self.runner = ModelRunner(model, num_blocks, block_size)
+        self.runner = ModelRunner(model, num_blocks, block_size, max_num_seqs, use_cuda_graphs)
 
     @property
     def stats(self) -> GenerationStats:
@@ -77,49 +83,98 @@ class PagedEngine:
         groups = [self._new_group(i, prompt, params) for i, prompt in enumerate(prompts)]
         for group in groups:
             scheduler.add(group)
+        if prompts:
+            self.runner.ensure_max_len(max(map(len, prompts)) + params.max_new_tokens)
+        self.runner.begin_generate()
+        capture_before = self.runner.graph_capture_seconds
         generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
         finish_reason = self._finish_rule(params)
-        num_steps = num_prefill_tokens = 0
-        while not scheduler.is_finished():
-            batch = scheduler.schedule()
-            if batch.is_prefill:
-                num_prefill_tokens += sum(seq.num_tokens for seq in batch.leaders)
-            logits = self.runner.run(batch)
-            token_ids, logprobs = self._sample(batch, logits, params, generator)
-            scheduler.postprocess(batch, token_ids, logprobs, finish_reason)
-            num_steps += 1
-        self._record_stats(groups, scheduler, start, num_steps, num_prefill_tokens)
+        timers = StepTimers()
+        inflight: LaunchedStep | None = None
+        while True:
+            ahead = self._launch_ahead(scheduler, inflight, params, generator, timers)
+            if inflight is not None:
+                self._commit(scheduler, inflight, finish_reason, timers)
+            inflight = ahead or self._launch_next(scheduler, params, generator, timers)
+            if inflight is None:
+                break
+        timers.capture = self.runner.graph_capture_seconds - capture_before
+        self._record_stats(groups, scheduler, start, timers)
         return [[self._completion(seq) for seq in group] for group in groups]
+
+    def _launch_ahead(self, scheduler, inflight, params, generator, timers) -> LaunchedStep | None:
+        """Queue decode N+1 before step N (in flight) is read back, when nothing N's tokens
+        could reveal would change it: its input tokens are N's samples, still on the device, so
+        the host's bookkeeping overlaps the GPU."""
+        if not self.overlap or inflight is None or inflight.batch.is_prefill:
+            return None
+        start = time.perf_counter()
+        batch = scheduler.schedule_next_decode()
+        if batch is None:
+            return None
+        prev_ids = self._input_ids_from(inflight, batch)
+        ahead = self.runner.launch(batch, params, generator, prev_ids=prev_ids)
+        scheduler.launched(batch)
+        timers.add(False, "launch", time.perf_counter() - start)
+        return ahead
+
+    def _launch_next(self, scheduler, params, generator, timers) -> LaunchedStep | None:
+        """Schedule and queue the next step with every earlier one committed; None when done."""
+        if scheduler.is_finished():
+            return None
+        start = time.perf_counter()
+        batch = scheduler.schedule()
+        step = self.runner.launch(batch, params, generator)
+        scheduler.launched(batch)
+        timers.add(batch.is_prefill, "launch", time.perf_counter() - start)
+        return step
+
+    def _commit(self, scheduler, step: LaunchedStep, finish_reason, timers) -> None:
+        start = time.perf_counter()
+        token_ids, logprobs = step.result()  # waits for the device
+        waited = time.perf_counter()
+        scheduler.commit(step.batch, token_ids, logprobs, finish_reason)
+        timers.add(step.batch.is_prefill, "wait", waited - start)
+        timers.add(step.batch.is_prefill, "commit", time.perf_counter() - waited)
+
+    def _input_ids_from(self, inflight: LaunchedStep, batch: Batch) -> torch.Tensor:
+        """The tokens `batch` decodes from: the samples of the step in flight, on the device,
+        in `batch`'s order (the same sequences, less those a commit found finished)."""
+        seqs, previous = batch.seqs, inflight.batch.seqs
+        if len(seqs) == len(previous) and all(a is b for a, b in zip(seqs, previous)):
+            return inflight.ids
+        row = {id(seq): i for i, seq in enumerate(previous)}
+        rows = torch.tensor([row[id(seq)] for seq in seqs], device=inflight.ids.device)
+        return inflight.ids[rows]
 
     def _new_group(self, index: int, prompt: list[int], params: SamplingParams) -> list[Sequence]:
         if not prompt:
             raise ValueError(f"prompt {index} is empty; give at least one token")
         return [
-            Sequence(list(prompt), params, group_id=index, sample_index=k) for k in range(params.n)
+            Sequence(
+                list(prompt),
+                params,
+                group_id=index,
+                sample_index=k,
+                sample_seed=sample_seed(params.seed, index, k),
+            )
+            for k in range(params.n)
         ]
-
-    def _sample(
-        self, batch: Batch, logits_GV: torch.Tensor, params: SamplingParams, generator
-    ) -> tuple[list[int], list[float]]:
-        """Every member of a group samples from its leader's logits."""
-        sizes = [len(group) for group in batch.groups]
-        if any(size > 1 for size in sizes):
-            repeats = torch.tensor(sizes, device=logits_GV.device)
-            logits_GV = logits_GV.repeat_interleave(repeats, dim=0)
-        ids, lps = sample(
-            logits_GV, params.temperature, params.top_p, params.top_k, params.min_p, generator
-        )
-        return ids.tolist(), lps.tolist()
 
     def _finish_rule(self, params: SamplingParams) -> Callable[[Sequence], str | None]:
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos and self.tokenizer.eos_token_id is not None:
             stop_ids.add(self.tokenizer.eos_token_id)
 
+        stop_strings, max_new_tokens = params.stop_strings, params.max_new_tokens
+
         def finish_reason(seq: Sequence) -> str | None:
-            if seq.output_ids[-1] in stop_ids or self._hit_stop_string(seq, params.stop_strings):
+            outputs = seq.output_ids
+            if outputs[-1] in stop_ids or (
+                stop_strings and self._hit_stop_string(seq, stop_strings)
+            ):
                 return "stop"
-            if seq.num_output_tokens >= params.max_new_tokens:
+            if len(outputs) >= max_new_tokens:
                 return "length"
             return None
 
@@ -140,18 +195,50 @@ class PagedEngine:
             text=self.tokenizer.decode(seq.output_ids, skip_special_tokens=True),
         )
 
-    def _record_stats(self, groups, scheduler: Scheduler, start, num_steps, num_prefill_tokens):
+    def _record_stats(self, groups, scheduler: Scheduler, start: float, timers: StepTimers):
         seqs = [seq for group in groups for seq in group]
         self._stats = GenerationStats(
             num_prompt_tokens=sum(seq.num_prompt_tokens for seq in seqs),
             num_generated_tokens=sum(seq.num_output_tokens for seq in seqs),
             seconds=time.perf_counter() - start,
             extra={
-                "num_steps": float(num_steps),
-                "num_prefill_tokens": float(num_prefill_tokens),  # computed, shared ones once
+                "num_steps": float(scheduler.num_prefill_steps + scheduler.num_decode_steps),
+                "num_decode_steps": float(scheduler.num_decode_steps),
+                "num_overlapped_steps": float(scheduler.num_overlapped_steps),
+                # computed tokens: a group's shared prompt once
+                "num_prefill_tokens": float(scheduler.num_prefill_tokens),
                 "num_preemptions": float(scheduler.num_preemptions),
                 "kv_blocks_total": float(self.num_blocks),
                 "kv_blocks_peak": float(scheduler.peak_used_blocks),
                 "kv_blocks_peak_unshared": float(scheduler.peak_unshared_blocks),
+                **timers.as_dict(),
             },
         )
+
+
+def sample_seed(seed: int, group_id: int, sample_index: int) -> int:
+    """A 63-bit key for one sequence's sampling noise on the device: the same (seed, prompt,
+    sample) draws the same tokens whatever batch it runs in."""
+    mixed = (
+        seed * 0x9E3779B97F4A7C15
+        + group_id * 0xBF58476D1CE4E5B9
+        + sample_index * 0x94D049BB133111EB
+    )
+    return (mixed ^ (mixed >> 31)) & (2**63 - 1)
+
+
+@dataclass
+class StepTimers:
+    """Host wall time per phase of the loop, by step kind: `launch` (scheduling and queueing a
+    step; a graph replay returns at once), `wait` (blocked reading a step's tokens back: the
+    device time not hidden behind the host), `commit` (recording the tokens)."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+    capture: float = 0.0
+
+    def add(self, is_prefill: bool, phase: str, seconds: float) -> None:
+        key = f"seconds_{'prefill' if is_prefill else 'decode'}_{phase}"
+        self.seconds[key] = self.seconds.get(key, 0.0) + seconds
+
+    def as_dict(self) -> dict[str, float]:
+        return {**self.seconds, "seconds_graph_capture": self.capture}

@@ -6,13 +6,18 @@ the trainer's model is seen by the next generation with nothing to sync. The thr
 differ only in optional pieces, each taken when the module has it: q/k/v biases (Qwen2),
 per-head q/k RMSNorm (Qwen3), and tied embeddings (read through `lm_head`, which then holds the
 embedding tensor). RoPE comes from the model's own rotary module, so every rope type transformers
-implements (default, linear, llama3, yarn, ...) is honoured as transformers computes it.
+implements (default, linear, llama3, yarn, ...) is honoured as transformers computes it; where the
+frequencies do not depend on the call (all but dynamic and longrope) it is tabulated once over
+the positions (`rope_table`) and gathered per step, which CUDA graphs need.
 
-Tokens are packed: hidden states are [T, hidden] over all sequences of the step.
+Tokens are packed: hidden states are [T, hidden] over all sequences of the step. The small ops
+(residual add + RMSNorm, SiLU * up) come from a `ForwardOps`: plain torch by default, fused Triton
+kernels on CUDA (`triton_ops`); both round as transformers does.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +80,46 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(dtype)
 
 
+def add_rms_norm(
+    hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(hidden + delta), hidden + delta): the residual stream and the next op's input."""
+    if delta is not None:
+        hidden = hidden + delta
+    return rms_norm(hidden, weight, eps), hidden
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
+
+
+@dataclass(frozen=True)
+class ForwardOps:
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = add_rms_norm
+    silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = silu_mul
+
+
+TORCH_OPS = ForwardOps()
+
+# rope types whose frequencies transformers recomputes from the positions of each call: their
+# cos/sin cannot be tabulated once
+DYNAMIC_ROPE_TYPES = ("dynamic", "longrope")
+
+
+def rope_table(model, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """cos, sin [length, head_dim] from the model's own rotary module (exactly what it computes
+    per call, in the model dtype), or None for a rope type that changes with the positions."""
+    rotary = model.model.rotary_emb
+    if getattr(rotary, "rope_type", "default") in DYNAMIC_ROPE_TYPES:
+        return None
+    param = next(model.parameters())
+    dummy = torch.empty(0, dtype=param.dtype, device=param.device)
+    positions = torch.arange(length, device=param.device)[None]
+    with torch.no_grad():
+        cos, sin = rotary(dummy, positions)
+    return cos[0].contiguous(), sin[0].contiguous()
+
+
 def apply_rope(x_THD: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor) -> torch.Tensor:
     half = x_THD.shape[-1] // 2
     rotated = torch.cat((-x_THD[..., half:], x_THD[..., :half]), dim=-1)
@@ -102,9 +147,12 @@ def attention_block(
     if getattr(attn, "q_norm", None) is not None:  # Qwen3
         q = rms_norm(q, attn.q_norm.weight, shape.rms_norm_eps)
         k = rms_norm(k, attn.k_norm.weight, shape.rms_norm_eps)
-    q, k = apply_rope(q, cos_TD, sin_TD), apply_rope(k, cos_TD, sin_TD)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
-    backend.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    if backend.rope_write_kv is not None:
+        q, k = backend.rope_write_kv(q, k, v, cos_TD, sin_TD, k_cache, v_cache, meta.slot_mapping)
+    else:
+        q, k = apply_rope(q, cos_TD, sin_TD), apply_rope(k, cos_TD, sin_TD)
+        backend.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
     if meta.is_prefill:
         o = backend.prefill(q, k, v, k_cache, v_cache, meta, shape.scale)
     else:
@@ -112,8 +160,10 @@ def attention_block(
     return linear(o.reshape(T, shape.num_heads * shape.head_dim), attn.o_proj)
 
 
-def mlp_block(mlp: Any, x_TE: torch.Tensor) -> torch.Tensor:
-    return linear(F.silu(linear(x_TE, mlp.gate_proj)) * linear(x_TE, mlp.up_proj), mlp.down_proj)
+def mlp_block(mlp: Any, x_TE: torch.Tensor, ops: ForwardOps) -> torch.Tensor:
+    return linear(
+        ops.silu_mul(linear(x_TE, mlp.gate_proj), linear(x_TE, mlp.up_proj)), mlp.down_proj
+    )
 
 
 def forward(
@@ -122,21 +172,34 @@ def forward(
     positions_T: torch.Tensor,
     kv_cache: torch.Tensor,  # [layers, 2, pages, block_size, kv_heads, head_dim]
     meta: AttentionMetadata,
-    logits_indices_B: torch.Tensor,  # which packed tokens' logits to return
+    logits_indices_B: torch.Tensor | None,  # which packed tokens' logits to return (None: all)
     backend: AttentionBackend,
     shape: ModelShape,
+    ops: ForwardOps = TORCH_OPS,
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None,  # `rope_table`, if it applies
+    logits_out: torch.Tensor | None = None,  # [B, vocab] buffer to write the logits into
 ) -> torch.Tensor:
     """Writes the K/V of every given token into the pool; returns logits [B, vocab]."""
     inner = model.model
     hidden = F.embedding(input_ids_T, inner.embed_tokens.weight)
-    cos, sin = inner.rotary_emb(hidden, positions_T[None])
-    cos_TD, sin_TD = cos[0], sin[0]
+    if rope is not None:
+        cos_TD, sin_TD = rope[0][positions_T], rope[1][positions_T]
+    else:
+        cos, sin = inner.rotary_emb(hidden, positions_T[None])
+        cos_TD, sin_TD = cos[0], sin[0]
+    eps = shape.rms_norm_eps
+    delta = None  # the last block's output, not yet added to the residual stream
     for i, layer in enumerate(inner.layers):
-        x = rms_norm(hidden, layer.input_layernorm.weight, shape.rms_norm_eps)
-        hidden = hidden + attention_block(
+        x, hidden = ops.add_rms_norm(hidden, delta, layer.input_layernorm.weight, eps)
+        delta = attention_block(
             layer.self_attn, x, cos_TD, sin_TD, kv_cache[i], meta, backend, shape
         )
-        x = rms_norm(hidden, layer.post_attention_layernorm.weight, shape.rms_norm_eps)
-        hidden = hidden + mlp_block(layer.mlp, x)
-    last = rms_norm(hidden[logits_indices_B], inner.norm.weight, shape.rms_norm_eps)
-    return linear(last, model.lm_head)
+        x, hidden = ops.add_rms_norm(hidden, delta, layer.post_attention_layernorm.weight, eps)
+        delta = mlp_block(layer.mlp, x, ops)
+    if logits_indices_B is not None:
+        hidden, delta = hidden[logits_indices_B], delta[logits_indices_B]
+    last, _ = ops.add_rms_norm(hidden, delta, inner.norm.weight, eps)
+    if logits_out is not None and getattr(model.lm_head, "bias", None) is None:
+        return torch.mm(last, model.lm_head.weight.t(), out=logits_out)
+    logits = linear(last, model.lm_head)
+    return logits if logits_out is None else logits_out.copy_(logits)

@@ -10,16 +10,24 @@ When pages run out during a decode, the newest running sequence is preempted: it
 freed and it goes back to the front of the queue, to be recomputed (prompt and tokens generated
 so far) by a later prefill. A request that could not fit even in an empty pool is refused by
 `add`, so every step makes progress and `generate` always ends.
+
+A step's tokens are recorded in two halves, so the engine can run one decode step ahead of the
+host: `launched` when the step is sent to the device (each sequence gets a `PENDING` token, so
+lengths and pages are right for the next step), `commit` when its sampled ids are read back
+(pending tokens get their values; finish rules run; finished sequences free their pages).
+`schedule_next_decode` picks the next decode before the step in flight is committed, when nothing
+the commit could reveal would change it.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from reinforge.engine.block_manager import BlockManager
-from reinforge.engine.sequence import Sequence, SequenceStatus, num_blocks_for
+from reinforge.engine.sequence import PENDING, Sequence, SequenceStatus, num_blocks_for
 
 
 @dataclass
@@ -32,11 +40,11 @@ class Batch:
     groups: list[list[Sequence]]
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, dest) pages
 
-    @property
+    @functools.cached_property
     def leaders(self) -> list[Sequence]:
         return [group[0] for group in self.groups]
 
-    @property
+    @functools.cached_property
     def seqs(self) -> list[Sequence]:
         """Every sequence that receives a token this step, in sampling order."""
         return [seq for group in self.groups for seq in group]
@@ -58,6 +66,10 @@ class Scheduler:
         self.num_preemptions = 0
         self.peak_used_blocks = 0
         self.peak_unshared_blocks = 0  # pages the same batches would hold with no sharing
+        self.num_prefill_steps = 0
+        self.num_prefill_tokens = 0  # tokens computed by prefills (a shared prompt once)
+        self.num_decode_steps = 0
+        self.num_overlapped_steps = 0  # decodes chosen by `schedule_next_decode`
 
     def add(self, group: list[Sequence]) -> None:
         """Queue the samples of one prompt (all with the same tokens so far)."""
@@ -93,6 +105,41 @@ class Scheduler:
         )
         return batch
 
+    def schedule_next_decode(self) -> Batch | None:
+        """The decode after the one in flight, chosen before that one is committed: the running
+        sequences, each of them in the step in flight, in the same order. None when the commit could change the next step (a sequence
+        reaches max_new_tokens, a waiting group could be admitted, pages would run short for
+        some sequence); the caller then commits and calls `schedule`. A sequence that stops at a
+        stop token is only found at the commit: its token from this step is dropped then."""
+        bm = self.block_manager
+        running = self.running
+        if not running or (self.waiting and self._can_admit(self.waiting[0])):
+            return None
+        # one pass (this runs every step, for every sequence): who needs a page, and does any
+        # sequence reach its length with the step in flight
+        block_size, ref_counts = bm.block_size, bm.ref_counts
+        growing: list[Sequence] = []
+        for seq in running:
+            num_outputs = len(seq.output_ids)
+            if num_outputs >= seq.params.max_new_tokens:
+                return None
+            index = (len(seq.prompt_ids) + num_outputs - 1) // block_size
+            table = seq.block_table
+            if index == len(table) or ref_counts[table[index]] > 1:
+                growing.append(seq)
+        if len(growing) > bm.num_free_blocks:
+            return None
+        copies: list[tuple[int, int]] = []
+        for seq in growing:
+            copies += bm.append_slot(seq)
+        self.num_decode_steps += 1
+        self.num_overlapped_steps += 1
+        self.peak_used_blocks = max(self.peak_used_blocks, bm.num_used_blocks)
+        self.peak_unshared_blocks = max(
+            self.peak_unshared_blocks, sum(len(seq.block_table) for seq in running)
+        )
+        return Batch(is_prefill=False, groups=[[seq] for seq in running], block_copies=copies)
+
     def postprocess(
         self,
         batch: Batch,
@@ -101,17 +148,61 @@ class Scheduler:
         finish_reason: Callable[[Sequence], str | None],
     ) -> None:
         """Record the step's sampled tokens; finished sequences give their pages back now."""
+        self.launched(batch)
+        self.commit(batch, token_ids, logprobs, finish_reason)
+
+    def launched(self, batch: Batch) -> None:
+        """The step is on the device: the K/V of every current token will be in the pool, and
+        each sequence has one more (pending) token."""
+        nan = float("nan")
+        for seq in batch.seqs:
+            outputs = seq.output_ids
+            seq.num_cached_tokens = len(seq.prompt_ids) + len(outputs)
+            outputs.append(PENDING)
+            seq.logprobs.append(nan)
+            seq.num_pending += 1
+
+    def commit(
+        self,
+        batch: Batch,
+        token_ids: list[int],
+        logprobs: list[float],
+        finish_reason: Callable[[Sequence], str | None],
+    ) -> None:
+        """The step's sampled tokens are known: fill them in, in order; `finish_reason` sees each
+        sequence up to its new token. Finished sequences give their pages back now, and drop the
+        token a step launched after this one computed for them."""
         seqs = batch.seqs
         assert len(seqs) == len(token_ids) == len(logprobs)
+        any_finished = False
+        finished = SequenceStatus.FINISHED
         for seq, token_id, logprob in zip(seqs, token_ids, logprobs):
-            seq.num_cached_tokens = seq.num_tokens
-            seq.append(token_id, logprob)
+            if seq.status is finished:  # stopped at an earlier step
+                continue
+            outputs, seq_logprobs = seq.output_ids, seq.logprobs
+            ahead = seq.num_pending - 1  # a later step's token, at most one
+            assert 0 <= ahead <= 1
+            if ahead:  # out of the way while the finish rule looks at the sequence
+                next_id, next_logprob = outputs.pop(), seq_logprobs.pop()
+            outputs[-1] = token_id
+            seq_logprobs[-1] = logprob
+            seq.num_pending = ahead
             reason = finish_reason(seq)
             if reason is not None:
-                seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+                seq.num_pending = 0
+                seq.status, seq.finish_reason = finished, reason
                 self.block_manager.free(seq)
-        if any(seq.is_finished for seq in seqs):
+                any_finished = True
+            elif ahead:
+                outputs.append(next_id)
+                seq_logprobs.append(next_logprob)
+        if any_finished:
             self.running = deque(seq for seq in self.running if not seq.is_finished)
+
+    def _can_admit(self, group: list[Sequence]) -> bool:
+        return len(self.running) + len(group) <= self.max_num_seqs and (
+            self.block_manager.can_allocate(group[0].num_tokens)
+        )
 
     def _schedule_prefill(self) -> Batch | None:
         bm = self.block_manager
@@ -141,6 +232,8 @@ class Scheduler:
             assert self.running, "scheduler stalled: nothing running and nothing fits"
             return None
         self.running.extend(seq for group in groups for seq in group)
+        self.num_prefill_steps += 1
+        self.num_prefill_tokens += num_tokens
         return Batch(is_prefill=True, groups=groups)
 
     def _schedule_decode(self) -> Batch:
@@ -154,11 +247,12 @@ class Scheduler:
                 if seq.status is SequenceStatus.WAITING:
                     break
             else:
-                copies += bm.append_slot(seq)
+                copies += bm.append_slot(seq, checked=True)
                 scheduled.append(seq)
         # alone in the pool, any admitted sequence can grow to its last token
         assert scheduled, "scheduler stalled: no running sequence can append a token"
         self.running.extend(scheduled)
+        self.num_decode_steps += 1
         return Batch(is_prefill=False, groups=[[seq] for seq in scheduled], block_copies=copies)
 
     def _preempt(self, seq: Sequence) -> None:

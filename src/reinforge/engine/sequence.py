@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from reinforge.engine.base import SamplingParams
 
 _seq_ids = itertools.count()
+PENDING = -1  # an output token sampled on the device and not read back yet
 
 
 class SequenceStatus(enum.Enum):
@@ -34,6 +35,8 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)  # physical page of each logical page
     num_cached_tokens: int = 0  # leading tokens whose K/V is written in the pool
     finish_reason: str | None = None
+    sample_seed: int = 0  # key of the on-device sampler's noise (see `triton_ops.sample_gumbel`)
+    num_pending: int = 0  # trailing output tokens still `PENDING` (a step in flight)
 
     def __post_init__(self) -> None:
         assert self.prompt_ids, "an empty prompt has no position to sample from"

@@ -1,0 +1,186 @@
+"""Decode steps replayed from CUDA graphs, one per batch-size bucket.
+
+Every graph reads the same static inputs (token ids, positions, slots, context lengths and the
+page table, padded to the bucket) and writes logits into one shared buffer, so a step costs a
+small host-to-device copy and one replay instead of a few hundred kernel launches. Graphs are
+captured largest bucket first into one memory pool, the first time a decode needs them.
+
+A graph holds the addresses of the tensors it read at capture: the model's parameters and the KV
+pool. Parameters updated in place (an optimizer step, `load_state_dict`, `copy_`) are seen by the
+next replay; a parameter *replaced* by a new tensor is caught by `check_params`, which drops the
+graphs so they are captured again.
+
+Padded rows attend to one token of page 0 and write no K/V (slot -1); their logits are ignored.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+
+import numpy as np
+import torch
+
+from reinforge.engine.attention import AttentionMetadata
+from reinforge.engine.qwen_forward import forward
+from reinforge.engine.sequence import Sequence
+
+BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448, 512)
+
+# rows of the static per-sequence inputs
+IDS, POSITIONS, SLOTS, CONTEXT_LENS, SEEDS, OUTPUT_POSITIONS = range(6)
+NUM_ROW_FIELDS = 6
+PAD_ROW = (0, 0, -1, 1, 0, 0)
+
+
+def decode_rows(seqs: list[Sequence], block_size: int, out: np.ndarray) -> None:
+    """Fill out[:, :len(seqs)] with each sequence's decode inputs (the `*_ROW` fields)."""
+    n = len(seqs)
+    context_lens = [len(seq.prompt_ids) + len(seq.output_ids) for seq in seqs]
+    out[CONTEXT_LENS, :n] = context_lens
+    out[POSITIONS, :n] = out[CONTEXT_LENS, :n] - 1
+    out[IDS, :n] = [seq.output_ids[-1] if seq.output_ids else seq.prompt_ids[-1] for seq in seqs]
+    out[SLOTS, :n] = [
+        seq.block_table[(c - 1) // block_size] * block_size + (c - 1) % block_size
+        for seq, c in zip(seqs, context_lens)
+    ]
+    out[SEEDS, :n] = [seq.sample_seed for seq in seqs]
+    out[OUTPUT_POSITIONS, :n] = [len(seq.output_ids) for seq in seqs]
+
+
+class DecodeGraphs:
+    def __init__(self, runner, max_batch_size: int):
+        self.runner = runner
+        self.buckets = [b for b in BUCKETS if b < max_batch_size] + [
+            min(max_batch_size, BUCKETS[-1])
+        ]
+        self.max_batch_size = self.buckets[-1]
+        device = runner.device
+        # two host buffers, used in turn: the host fills one while the previous step's copy from
+        # the other may still be queued behind the step in flight
+        self.rows_hosts = [
+            torch.empty((NUM_ROW_FIELDS, self.max_batch_size), dtype=torch.long, pin_memory=True)
+            for _ in range(2)
+        ]
+        for rows_host in self.rows_hosts:
+            rows_host.numpy()[:] = np.array(PAD_ROW)[:, None]
+        self.num_runs = 0
+        self.rows = self.rows_hosts[0].to(device)
+        self.tables = torch.zeros(
+            (self.max_batch_size, runner.max_pages), dtype=torch.int32, device=device
+        )
+        # what each row of `tables` holds: (seq_id, number of pages, last page)
+        self.table_keys: list[tuple[int, int, int] | None] = [None] * self.max_batch_size
+        vocab = runner.model.lm_head.weight.shape[0]
+        self.logits = torch.empty((self.max_batch_size, vocab), dtype=runner.dtype, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+        self.param_ptrs = self._param_ptrs()
+        self.capture_seconds = 0.0
+
+    def fits(self, batch_size: int) -> bool:
+        return batch_size <= self.max_batch_size
+
+    def check_params(self) -> None:
+        """Drop the graphs if any parameter tensor moved since capture."""
+        ptrs = self._param_ptrs()
+        if ptrs != self.param_ptrs:
+            self.graphs.clear()
+            self.pool = None
+            self.param_ptrs = ptrs
+
+    def run(self, seqs: list[Sequence], prev_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Replays the decode step of `seqs`; returns their logits [len(seqs), vocab] (a view of
+        the shared buffer, valid until the next replay). `prev_ids`: the input tokens, on the
+        device (the previous step's samples, not read back yet)."""
+        n = len(seqs)
+        bucket = self.buckets[bisect.bisect_left(self.buckets, n)]
+        if not self.graphs:
+            self._capture_all()
+        rows_host = self.rows_hosts[self.num_runs % 2]
+        self.num_runs += 1
+        rows_np = rows_host.numpy()
+        decode_rows(seqs, self.runner.block_size, rows_np)
+        rows_np[:, n:bucket] = np.array(PAD_ROW)[:, None]
+        self.rows.copy_(rows_host, non_blocking=True)
+        if prev_ids is not None:
+            self.rows[IDS, :n].copy_(prev_ids)
+        self._update_tables(seqs)
+        self.graphs[bucket].replay()
+        return self.logits[:n]
+
+    def row(self, field: int, n: int) -> torch.Tensor:
+        return self.rows[field, :n]
+
+    def forget_tables(self) -> None:
+        """After a prefill: pages were (re)allocated, so every row is sent again."""
+        self.table_keys = [None] * self.max_batch_size
+
+    def _update_tables(self, seqs: list[Sequence]) -> None:
+        """Send only the page-table entries that changed since the last step: a new page, a
+        copy-on-write of the last page, or a row now holding another sequence."""
+        index: list[int] = []
+        values: list[int] = []
+        width = self.runner.max_pages
+        keys = self.table_keys
+        for i, seq in enumerate(seqs):
+            table = seq.block_table
+            key = (seq.seq_id, len(table), table[-1])
+            old = keys[i]
+            if old == key:
+                continue
+            first = old[1] - 1 if old is not None and old[0] == seq.seq_id else 0
+            first = max(0, min(first, len(table) - 1))
+            index.extend(range(i * width + first, i * width + len(table)))
+            values.extend(table[first:])
+            keys[i] = key
+        if index:
+            assert len(seqs[0].block_table) <= width
+            update = torch.tensor([index, values], dtype=torch.long).to(self.tables.device)
+            self.tables.view(-1).index_copy_(0, update[0], update[1].to(torch.int32))
+
+    def _capture_all(self) -> None:
+        start = time.perf_counter()
+        for bucket in sorted(self.buckets, reverse=True):
+            self._capture(bucket)
+        torch.cuda.synchronize()
+        self.capture_seconds += time.perf_counter() - start
+
+    def _capture(self, bucket: int) -> None:
+        r = self.runner
+        meta = AttentionMetadata(
+            is_prefill=False,
+            slot_mapping=self.rows[SLOTS, :bucket],
+            block_tables=self.tables[:bucket],
+            context_lens=self.rows[CONTEXT_LENS, :bucket],
+            query_lens=[1] * bucket,
+            context_lens_host=[1] * bucket,
+        )
+        self.rows.copy_(torch.tensor(PAD_ROW)[:, None].expand_as(self.rows))
+
+        def step() -> None:
+            forward(
+                r.model,
+                self.rows[IDS, :bucket],
+                self.rows[POSITIONS, :bucket],
+                r.kv_cache,
+                meta,
+                None,
+                r.backend,
+                r.shape,
+                r.ops,
+                r.rope,
+                logits_out=self.logits[:bucket],
+            )
+
+        step()  # compiles the Triton kernels and sets up cuBLAS outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            step()
+        if self.pool is None:
+            self.pool = graph.pool()
+        self.graphs[bucket] = graph
+
+    def _param_ptrs(self) -> tuple[int, ...]:
+        return tuple(p.data_ptr() for p in self.runner.model.parameters())

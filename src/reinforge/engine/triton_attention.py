@@ -1,0 +1,482 @@
+"""The "cuda" attention backend: Triton kernels over the paged KV pool, and packed prefill.
+
+Decode is one query token per sequence. `paged_decode` runs one program per (sequence, KV head,
+split): the program loads all query heads of its GQA group at once (padded to 16 rows for the
+tensor cores), walks its share of the sequence's pages reading each K/V page exactly once, and
+keeps an online softmax in float32. With more than one split, each split writes its partial output
+and log-sum-exp and a second kernel combines them; the split count grows as the batch shrinks, so
+small batches still fill the GPU. A split covers whole pages of `cdiv(pages, splits)`, computed
+per sequence from its context length inside the kernel: one launch configuration serves any
+lengths, which is what CUDA graphs need.
+
+`rope_write_kv` applies RoPE to q and k in place and writes the new K/V into the pool by slot
+(slot -1: skip), one launch per layer instead of a dozen small ones.
+
+Prefill goes through `torch.nn.attention.varlen.varlen_attn` (flash, packed, causal per sequence)
+when no sequence has a cached prefix and the dtype is bf16/fp16; otherwise through the reference
+SDPA loop.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import warnings
+
+import torch
+import triton
+import triton.language as tl
+
+from reinforge.engine.attention import (
+    ATTENTION_BACKENDS,
+    AttentionBackend,
+    AttentionMetadata,
+    prefill_sdpa,
+    write_kv_index_copy,
+)
+
+# Tunables of the decode kernel (the bench may override them): tokens per inner iteration,
+# warps per program, software-pipelining depth, and how many programs per SM the split count aims
+# for.
+# Measured on an H200 (graph replay, bf16): tile 64 / 4 warps / 3 stages is within 3% of the best
+# of 15 configurations at both the 0.5B (25 us, 2.0 TB/s) and the 7B (207 us, 3.9 TB/s) decode
+# shapes; splitting the KV of 256 x 2 heads in two was 15% slower (bench/RESULTS.md).
+DECODE_CONFIG = {"tile": 64, "num_warps": 4, "num_stages": 3, "programs_per_sm": 2}
+MAX_SPLITS = 32
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q_ptr,  # [B, H, D]
+    k_ptr,  # [pages, block_size, K, D]
+    v_ptr,
+    tables_ptr,  # [B, max_pages] int
+    context_lens_ptr,  # [B] int
+    out_ptr,  # [B, H, D]
+    part_out_ptr,  # [B, H, num_splits, D] float32
+    part_lse_ptr,  # [B, H, num_splits] float32
+    scale_log2,
+    num_splits,  # a runtime value: one compiled kernel serves every split count
+    stride_qb,
+    stride_qh,
+    stride_kp,
+    stride_kt,
+    stride_kh,
+    stride_vp,
+    stride_vt,
+    stride_vh,
+    stride_tb,
+    stride_ob,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE: tl.constexpr,
+    SPLIT: tl.constexpr,  # num_splits > 1: write partial results for `_combine_splits_kernel`
+    DOT_PRECISION: tl.constexpr,  # "ieee" for float32 models: no tf32 rounding
+):
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    context_len = tl.load(context_lens_ptr + b)
+    num_pages = (context_len + BLOCK_SIZE - 1) // BLOCK_SIZE
+    pages_per_split = (num_pages + num_splits - 1) // num_splits
+    tok_start = split * pages_per_split * BLOCK_SIZE
+    tok_end = tl.minimum(tok_start + pages_per_split * BLOCK_SIZE, context_len)
+
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, DIM_PAD)
+    offs_t = tl.arange(0, TILE)
+    heads = kv_head * GROUP + offs_g
+    g_mask = offs_g < GROUP
+    d_mask = offs_d < HEAD_DIM
+    q = tl.load(
+        q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=g_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([GROUP_PAD], tl.float32)  # noqa: E741
+    acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
+    table_row = tables_ptr + b * stride_tb
+    for start in range(tok_start, tok_end, TILE):
+        tok = start + offs_t
+        valid = tok < tok_end
+        page = tl.load(table_row + tok // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+        in_page = tok % BLOCK_SIZE
+        kv_mask = valid[:, None] & d_mask[None, :]
+        k = tl.load(
+            k_ptr
+            + (page * stride_kp + in_page * stride_kt + kv_head * stride_kh)[:, None]
+            + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        s = tl.where(valid[None, :], s * scale_log2, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, 1)  # noqa: E741
+        v = tl.load(
+            v_ptr
+            + (page * stride_vp + in_page * stride_vt + kv_head * stride_vh)[:, None]
+            + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
+        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+
+    out_mask = g_mask[:, None] & d_mask[None, :]
+    if not SPLIT:
+        o = acc / l[:, None]
+        tl.store(
+            out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+            o.to(out_ptr.dtype.element_ty),
+            mask=out_mask,
+        )
+    else:
+        has_keys = l > 0.0  # a split past the end of a short sequence saw no key
+        safe_l = tl.where(has_keys, l, 1.0)
+        lse = tl.where(has_keys, m + tl.log2(safe_l), float("-inf"))
+        part = (b * NUM_HEADS + heads) * num_splits + split
+        tl.store(part_lse_ptr + part, lse, mask=g_mask)
+        tl.store(
+            part_out_ptr + part[:, None] * HEAD_DIM + offs_d[None, :],
+            acc / safe_l[:, None],
+            mask=out_mask,
+        )
+
+
+@triton.jit
+def _combine_splits_kernel(
+    part_out_ptr,  # [B, H, num_splits, D] float32
+    part_lse_ptr,  # [B, H, num_splits]
+    out_ptr,  # [B, H, D]
+    num_splits,
+    stride_ob,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, DIM_PAD)
+    s_mask = offs_s < num_splits
+    base = (b * NUM_HEADS + h) * num_splits
+    lse = tl.load(part_lse_ptr + base + offs_s, mask=s_mask, other=float("-inf"))
+    weight = tl.exp2(lse - tl.max(lse, 0))  # split 0 always holds keys, so the max is finite
+    weight = weight / tl.sum(weight, 0)
+    parts = tl.load(
+        part_out_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=s_mask[:, None] & (offs_d < HEAD_DIM)[None, :],
+        other=0.0,
+    )
+    out = tl.sum(parts * weight[:, None], 0)
+    tl.store(
+        out_ptr + b * stride_ob + h * stride_oh + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
+    )
+
+
+@functools.cache
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_decode_splits(batch_size: int, num_kv_heads: int, device: torch.device) -> int:
+    """Splits per (sequence, KV head) so the grid has about `programs_per_sm` programs per SM.
+    Depends on the batch size alone, so a CUDA graph captured per batch size fixes it."""
+    if device.type != "cuda":
+        return 1 if batch_size * num_kv_heads >= 8 else 4  # interpreter tests: exercise both
+    target = DECODE_CONFIG["programs_per_sm"] * _num_sms(device.index or 0)
+    splits = target // max(1, batch_size * num_kv_heads)
+    return max(1, min(MAX_SPLITS, splits))
+
+
+def paged_decode(
+    q_BHD: torch.Tensor,
+    k_cache: torch.Tensor,  # [pages, block_size, K, D]
+    v_cache: torch.Tensor,
+    block_tables_BP: torch.Tensor,
+    context_lens_B: torch.Tensor,
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """Attention of one query per sequence over its pages; returns [B, H, D] in q's dtype."""
+    B, H, D = q_BHD.shape
+    _, block_size, K, Dk = k_cache.shape
+    assert Dk == D and H % K == 0 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    assert q_BHD.stride(-1) == 1 and block_tables_BP.stride(-1) == 1
+    group = H // K
+    if num_splits is None:
+        num_splits = num_decode_splits(B, K, q_BHD.device)
+    assert 1 <= num_splits <= MAX_SPLITS
+    out = torch.empty_like(q_BHD)
+    if num_splits > 1:
+        part_out = torch.empty((B, H, num_splits, D), dtype=torch.float32, device=q_BHD.device)
+        part_lse = torch.empty((B, H, num_splits), dtype=torch.float32, device=q_BHD.device)
+    else:
+        part_out = part_lse = out  # unused
+    cfg = DECODE_CONFIG
+    _paged_decode_kernel[(B, K, num_splits)](
+        q_BHD,
+        k_cache,
+        v_cache,
+        block_tables_BP,
+        context_lens_B,
+        out,
+        part_out,
+        part_lse,
+        scale * math.log2(math.e),
+        num_splits,
+        q_BHD.stride(0),
+        q_BHD.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables_BP.stride(0),
+        out.stride(0),
+        out.stride(1),
+        NUM_HEADS=H,
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=D,
+        DIM_PAD=max(16, triton.next_power_of_2(D)),
+        BLOCK_SIZE=block_size,
+        TILE=max(16, cfg["tile"]),
+        SPLIT=num_splits > 1,
+        DOT_PRECISION="ieee" if q_BHD.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
+    )
+    if num_splits > 1:
+        _combine_splits_kernel[(B, H)](
+            part_out,
+            part_lse,
+            out,
+            num_splits,
+            out.stride(0),
+            out.stride(1),
+            NUM_HEADS=H,
+            HEAD_DIM=D,
+            DIM_PAD=max(16, triton.next_power_of_2(D)),
+            SPLITS_PAD=triton.next_power_of_2(MAX_SPLITS),
+            num_warps=1 if D <= 64 else 2,
+        )
+    return out
+
+
+@triton.jit
+def _rope_write_kv_kernel(
+    q_ptr,  # [T, H, D], rotated in place
+    k_ptr,  # [T, K, D], rotated in place
+    v_ptr,  # [T, K, D]
+    cos_ptr,  # [T, D]
+    sin_ptr,
+    slots_ptr,  # [T] flat pool slot, -1: do not write
+    k_cache_ptr,  # [pages * block_size, K, D] (flat slots)
+    v_cache_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ct,
+    stride_st,
+    stride_cache_slot,
+    stride_cache_head,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    KV_HEADS_PAD: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, HALF_PAD)
+    d_mask = offs < HALF
+    cos1 = tl.load(cos_ptr + t * stride_ct + offs, mask=d_mask, other=0.0).to(tl.float32)
+    cos2 = tl.load(cos_ptr + t * stride_ct + HALF + offs, mask=d_mask, other=0.0).to(tl.float32)
+    sin1 = tl.load(sin_ptr + t * stride_st + offs, mask=d_mask, other=0.0).to(tl.float32)
+    sin2 = tl.load(sin_ptr + t * stride_st + HALF + offs, mask=d_mask, other=0.0).to(tl.float32)
+
+    heads = tl.arange(0, HEADS_PAD)
+    mask = (heads < NUM_HEADS)[:, None] & d_mask[None, :]
+    q_row = q_ptr + t * stride_qt + heads[:, None] * stride_qh + offs[None, :]
+    x1 = tl.load(q_row, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(q_row + HALF, mask=mask, other=0.0).to(tl.float32)
+    tl.store(q_row, (x1 * cos1 - x2 * sin1).to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(q_row + HALF, (x2 * cos2 + x1 * sin2).to(q_ptr.dtype.element_ty), mask=mask)
+
+    kv_heads = tl.arange(0, KV_HEADS_PAD)
+    kv_mask = (kv_heads < NUM_KV_HEADS)[:, None] & d_mask[None, :]
+    k_row = k_ptr + t * stride_kt + kv_heads[:, None] * stride_kh + offs[None, :]
+    x1 = tl.load(k_row, mask=kv_mask, other=0.0).to(tl.float32)
+    x2 = tl.load(k_row + HALF, mask=kv_mask, other=0.0).to(tl.float32)
+    k1 = (x1 * cos1 - x2 * sin1).to(k_ptr.dtype.element_ty)
+    k2 = (x2 * cos2 + x1 * sin2).to(k_ptr.dtype.element_ty)
+    tl.store(k_row, k1, mask=kv_mask)
+    tl.store(k_row + HALF, k2, mask=kv_mask)
+
+    slot = tl.load(slots_ptr + t).to(tl.int64)
+    write_mask = kv_mask & (slot >= 0)
+    cache_off = slot * stride_cache_slot + kv_heads[:, None] * stride_cache_head + offs[None, :]
+    tl.store(k_cache_ptr + cache_off, k1.to(k_cache_ptr.dtype.element_ty), mask=write_mask)
+    tl.store(k_cache_ptr + cache_off + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=write_mask)
+    v_row = v_ptr + t * stride_vt + kv_heads[:, None] * stride_vh + offs[None, :]
+    v1 = tl.load(v_row, mask=kv_mask, other=0.0)
+    v2 = tl.load(v_row + HALF, mask=kv_mask, other=0.0)
+    tl.store(v_cache_ptr + cache_off, v1.to(v_cache_ptr.dtype.element_ty), mask=write_mask)
+    tl.store(v_cache_ptr + cache_off + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=write_mask)
+
+
+def rope_write_kv(
+    q_THD: torch.Tensor,
+    k_TKD: torch.Tensor,
+    v_TKD: torch.Tensor,
+    cos_TD: torch.Tensor,
+    sin_TD: torch.Tensor,
+    k_cache: torch.Tensor,  # [pages, block_size, K, D]
+    v_cache: torch.Tensor,
+    slot_mapping_T: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE (transformers' rotate-half convention) on q and k in place, then K/V into the pool."""
+    T, H, D = q_THD.shape
+    K = k_TKD.shape[1]
+    assert D % 2 == 0 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert q_THD.stride(-1) == k_TKD.stride(-1) == v_TKD.stride(-1) == 1
+    assert cos_TD.stride(-1) == sin_TD.stride(-1) == 1
+    if T == 0:
+        return q_THD, k_TKD
+    k_flat = k_cache.view(-1, K, D)
+    v_flat = v_cache.view(-1, K, D)
+    _rope_write_kv_kernel[(T,)](
+        q_THD,
+        k_TKD,
+        v_TKD,
+        cos_TD,
+        sin_TD,
+        slot_mapping_T,
+        k_flat,
+        v_flat,
+        q_THD.stride(0),
+        q_THD.stride(1),
+        k_TKD.stride(0),
+        k_TKD.stride(1),
+        v_TKD.stride(0),
+        v_TKD.stride(1),
+        cos_TD.stride(0),
+        sin_TD.stride(0),
+        k_flat.stride(0),
+        k_flat.stride(1),
+        NUM_HEADS=H,
+        NUM_KV_HEADS=K,
+        HEADS_PAD=triton.next_power_of_2(H),
+        KV_HEADS_PAD=triton.next_power_of_2(K),
+        HALF=D // 2,
+        HALF_PAD=triton.next_power_of_2(D // 2),
+        num_warps=2 if H * D <= 2048 else 4,
+    )
+    return q_THD, k_TKD
+
+
+@functools.cache
+def _varlen_attn():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch < 2.10
+        return None
+    return varlen_attn
+
+
+@functools.cache
+def _varlen_options() -> frozenset[str]:
+    return frozenset(inspect.signature(_varlen_attn()).parameters)
+
+
+def varlen_causal(q_THD, k_TKD, v_TKD, cu_seqlens: torch.Tensor, max_len: int, scale: float):
+    """torch's packed flash attention, causal within each sequence. Its keyword names moved
+    between torch releases (`is_causal` in 2.10, `window_size` later): read off its signature."""
+    options = _varlen_options()
+    kwargs: dict = {}
+    if "window_size" in options:
+        kwargs["window_size"] = (-1, 0)
+    else:
+        kwargs["is_causal"] = True
+    if q_THD.shape[1] != k_TKD.shape[1]:
+        if "enable_gqa" in options:
+            kwargs["enable_gqa"] = True
+        else:
+            repeats = q_THD.shape[1] // k_TKD.shape[1]
+            k_TKD = k_TKD.repeat_interleave(repeats, dim=1)
+            v_TKD = v_TKD.repeat_interleave(repeats, dim=1)
+    if "scale" in options:
+        kwargs["scale"] = scale
+    else:
+        assert math.isclose(scale, q_THD.shape[-1] ** -0.5), "varlen_attn has no scale argument"
+    return _varlen_attn()(
+        q_THD.contiguous(),
+        k_TKD.contiguous(),
+        v_TKD.contiguous(),
+        cu_seqlens,
+        cu_seqlens,
+        max_len,
+        max_len,
+        **kwargs,
+    )
+
+
+def prefill_varlen(q_THD, k_TKD, v_TKD, k_cache, v_cache, meta: AttentionMetadata, scale: float):
+    """Packed causal prefill when every sequence computes its whole context this step (no cached
+    prefix) and flash can take the dtype; the reference SDPA loop otherwise."""
+    global _varlen_broken
+    no_prefix = all(q == c for q, c in zip(meta.query_lens, meta.context_lens_host))
+    if (
+        no_prefix
+        and not _varlen_broken
+        and meta.cu_seqlens is not None
+        and q_THD.dtype in (torch.bfloat16, torch.float16)
+        and _varlen_attn() is not None
+    ):
+        max_len = max(meta.query_lens)
+        try:
+            return varlen_causal(q_THD, k_TKD, v_TKD, meta.cu_seqlens, max_len, scale)
+        except (RuntimeError, TypeError) as error:  # its API moved between torch releases
+            _varlen_broken = True
+            warnings.warn(
+                f"varlen_attn failed ({error}); prefill uses the SDPA loop from now on",
+                stacklevel=2,
+            )
+    return prefill_sdpa(q_THD, k_TKD, v_TKD, k_cache, v_cache, meta, scale)
+
+
+_varlen_broken = False
+
+
+def decode_triton(q_BHD, k_cache, v_cache, meta: AttentionMetadata, scale: float):
+    return paged_decode(q_BHD, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+
+
+TRITON_BACKEND = AttentionBackend(
+    name="triton-paged",
+    write_kv=write_kv_index_copy,
+    prefill=prefill_varlen,
+    decode=decode_triton,
+    rope_write_kv=rope_write_kv,
+)
+ATTENTION_BACKENDS["cuda"] = TRITON_BACKEND

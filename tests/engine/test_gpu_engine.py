@@ -1,0 +1,143 @@
+"""The paged engine's CUDA path (Triton kernels, CUDA graphs, on-device sampler) against
+transformers on the GPU. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reinforge.engine.base import SamplingParams
+from reinforge.engine.paged import PagedEngine
+
+from .conftest import FAMILIES, build_model
+
+pytestmark = pytest.mark.gpu
+
+PROMPTS = [[5, 6, 7], list(range(10, 18)), list(range(20, 37)), list(range(40, 73))]
+CUDA = torch.device("cuda")
+
+
+def hf_greedy_cuda(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    ids = torch.tensor([prompt], device=CUDA)
+    out = model.generate(ids, do_sample=False, max_new_tokens=max_new_tokens)
+    return out[0, len(prompt) :].tolist()
+
+
+def greedy(engine, prompts, max_new_tokens=16, n=2):
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, n=n)
+    return [[c.token_ids for c in group] for group in engine.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_float32_matches_hf_generate_with_graphs(micro_dir, tokenizer, family):
+    model = build_model(family, micro_dir, tokenizer).to(CUDA)
+    engine = PagedEngine(model, tokenizer, block_size=4, num_blocks=256)
+    assert engine.runner.backend.name == "triton-paged" and engine.runner.graphs is not None
+    outputs = greedy(engine, PROMPTS, 16, n=3)
+    assert engine.stats.extra["num_decode_steps"] > 0
+    for prompt, group in zip(PROMPTS, outputs):
+        assert group == [hf_greedy_cuda(model, prompt, 16)] * 3
+    eager = PagedEngine(model, tokenizer, block_size=4, num_blocks=256, use_cuda_graphs=False)
+    assert greedy(eager, PROMPTS, 16, n=3) == outputs
+
+
+def test_many_sequences_across_buckets_match_eager(micro_dir, tokenizer, monkeypatch):
+    """Batches that shrink through several graph buckets as sequences stop at stop ids; with and
+    without running a step ahead (the device sampler does not depend on the batch)."""
+    from .test_paged_engine import common_tokens
+
+    model = build_model("qwen2", micro_dir, tokenizer).to(CUDA)
+    prompts = [list(range(3 + i, 9 + 2 * i)) for i in range(45)]
+    graphs = PagedEngine(model, tokenizer, block_size=4, num_blocks=2048)
+    eager = PagedEngine(model, tokenizer, block_size=4, num_blocks=2048, use_cuda_graphs=False)
+    free_run = graphs.generate(prompts, SamplingParams(max_new_tokens=24, temperature=0.0))
+    stops = common_tokens(free_run, 3)
+    for temperature in (0.0, 0.8):
+        params = SamplingParams(
+            max_new_tokens=24, temperature=temperature, n=3, stop_token_ids=stops, seed=1
+        )
+        got = graphs.generate(prompts, params)
+        assert graphs.stats.extra["num_overlapped_steps"] > 0
+        expected = eager.generate(prompts, params)
+        monkeypatch.setattr(PagedEngine, "overlap", False)
+        in_step = graphs.generate(prompts, params)
+        monkeypatch.setattr(PagedEngine, "overlap", True)
+        token_ids = lambda out: [[c.token_ids for c in g] for g in out]  # noqa: E731
+        assert token_ids(got) == token_ids(expected) == token_ids(in_step)
+        lengths = {len(c.token_ids) for g in got for c in g}
+        assert len(lengths) > 1, "some sequences should stop early"
+
+
+def test_graph_replay_sees_in_place_weight_updates(micro_dir, tokenizer):
+    model = build_model("qwen2", micro_dir, tokenizer, seed=1).to(CUDA)
+    engine = PagedEngine(model, tokenizer, block_size=4, num_blocks=256)
+    before = greedy(engine, PROMPTS, 12, n=1)
+    assert engine.runner.graphs.graphs, "decode should have run from captured graphs"
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    ids = torch.tensor([PROMPTS[2] + before[2][0]], device=CUDA)
+    model(ids, labels=ids).loss.neg().backward()  # push away from what it generated
+    optimizer.step()
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.bias.mul_(3.0)
+    graphs = dict(engine.runner.graphs.graphs)
+
+    after = greedy(engine, PROMPTS, 12, n=1)
+    assert engine.runner.graphs.graphs == graphs, "in-place updates need no recapture"
+    assert after != before
+    for prompt, group in zip(PROMPTS, after):
+        assert group[0] == hf_greedy_cuda(model, prompt, 12)
+
+    # a parameter replaced by a new tensor: the graphs are captured again
+    layer = model.model.layers[1].mlp.down_proj
+    layer.weight = torch.nn.Parameter(layer.weight.detach() * -1.0)
+    replaced = greedy(engine, PROMPTS, 12, n=1)
+    assert engine.runner.graphs.graphs != graphs
+    for prompt, group in zip(PROMPTS, replaced):
+        assert group[0] == hf_greedy_cuda(model, prompt, 12)
+
+
+def logprobs_on_device(model, prompt: list[int], completion: list[int], temperature: float):
+    ids = torch.tensor([prompt + completion], device=model.device)
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1] / temperature, dim=-1)
+    return logprobs.gather(-1, ids[0, len(prompt) :, None]).squeeze(-1).cpu()
+
+
+def test_bf16_sampled_logprobs_match_teacher_forcing(micro_dir, tokenizer):
+    """bf16: the engine's logprobs are about as close to float32 transformers as bf16
+    transformers' own."""
+    model32 = build_model("qwen2", micro_dir, tokenizer).to(CUDA)
+    model16 = build_model("qwen2", micro_dir, tokenizer).to(CUDA, torch.bfloat16)
+    engine = PagedEngine(model16, tokenizer, block_size=16, num_blocks=512)
+    params = SamplingParams(max_new_tokens=24, temperature=0.9, n=4, seed=5, ignore_eos=True)
+    outputs = engine.generate(PROMPTS, params)
+    ours, theirs = [], []
+    for prompt, group in zip(PROMPTS, outputs):
+        assert len({tuple(c.token_ids) for c in group}) > 1, "samples of a group should differ"
+        for completion in group:
+            ref = logprobs_on_device(model32, prompt, completion.token_ids, 0.9)
+            hf16 = logprobs_on_device(model16, prompt, completion.token_ids, 0.9)
+            ours.append((torch.tensor(completion.logprobs) - ref).abs())
+            theirs.append((hf16 - ref).abs())
+    ours_err, bf16_err = torch.cat(ours).mean().item(), torch.cat(theirs).mean().item()
+    print(
+        f"\nmean |logprob - float32 logprob|: engine {ours_err:.4f}, transformers bf16 {bf16_err:.4f}"
+    )
+    assert ours_err < 2 * bf16_err + 0.01
+
+
+def test_default_pool_takes_free_memory_less_the_reserve(micro_dir, tokenizer):
+    from reinforge.engine.model_runner import kv_bytes_per_block
+
+    model = build_model("qwen2", micro_dir, tokenizer).to(CUDA, torch.bfloat16)
+    free_before, _ = torch.cuda.mem_get_info()
+    engine = PagedEngine(model, tokenizer, block_size=16)
+    pool_bytes = engine.num_blocks * kv_bytes_per_block(model, 16)
+    assert 0.5 * free_before < pool_bytes < free_before
+    assert engine.runner.kv_cache.numel() * 2 == pool_bytes
+    explicit = PagedEngine(model, tokenizer, block_size=16, kv_cache_bytes=64 * 2**20)
+    assert explicit.num_blocks == 64 * 2**20 // kv_bytes_per_block(model, 16)
+    del engine, explicit
+    torch.cuda.empty_cache()

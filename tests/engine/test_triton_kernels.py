@@ -1,0 +1,266 @@
+"""The Triton kernels of the CUDA path against the torch reference ops.
+
+On a machine with CUDA they run natively, in bf16 and float32. Without CUDA they run in Triton's
+interpreter on the CPU (float32 only: the interpreter's bf16 dot is wrong), when triton is
+installed; otherwise the module is skipped.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed", allow_module_level=True)
+HAS_CUDA = torch.cuda.is_available()
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+if not HAS_CUDA and not INTERPRETED:
+    # Triton reads TRITON_INTERPRET when it is first imported, and torch may import it before
+    # this module: run this file again in a child process with the interpreter on.
+    def test_kernels_in_the_triton_interpreter():
+        repo = Path(__file__).resolve().parents[2]
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+            cwd=repo,
+            env={**os.environ, "TRITON_INTERPRET": "1"},
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+        assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+elif INTERPRETED:
+    # Triton 3.6's interpreter turns 1-element arrays into ints with int(array), which numpy 2
+    # refuses; loop bounds loaded from memory need it
+    import triton.runtime.interpreter as _interpreter
+
+    _patch_lang_tensor = _interpreter._patch_lang_tensor
+
+    def _patch_with_index(tensor, scope):
+        _patch_lang_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    _interpreter._patch_lang_tensor = _patch_with_index
+
+from reinforge.engine import triton_attention, triton_ops  # noqa: E402
+from reinforge.engine.attention import (  # noqa: E402
+    AttentionMetadata,
+    decode_sdpa,
+    write_kv_index_copy,
+)
+from reinforge.engine.qwen_forward import add_rms_norm, apply_rope  # noqa: E402
+
+DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
+runs_here = pytest.mark.skipif(
+    not HAS_CUDA and not INTERPRETED, reason="runs in the Triton interpreter child process"
+)
+DTYPES = [torch.bfloat16, torch.float32] if HAS_CUDA else [torch.float32]
+
+
+def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    got, ref = got.double().cpu(), ref.double().cpu()
+    return ((got - ref).norm() / ref.norm()).item()
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    return 1e-2 if dtype == torch.bfloat16 else 1e-5
+
+
+def random_pool(lengths, num_kv_heads, head_dim, block_size, dtype, generator):
+    """A pool with each sequence's pages scattered and the unused pages full of noise."""
+    num_pages = sum(math.ceil(n / block_size) for n in lengths) + 3
+    k_cache = torch.randn(num_pages, block_size, num_kv_heads, head_dim, generator=generator)
+    v_cache = torch.randn(num_pages, block_size, num_kv_heads, head_dim, generator=generator)
+    order = torch.randperm(num_pages, generator=generator).tolist()
+    tables = [[order.pop() for _ in range(math.ceil(n / block_size))] for n in lengths]
+    width = max(map(len, tables)) + 2  # wider than needed, padded with a real page
+    padded = [t + [order[0]] * (width - len(t)) for t in tables]
+    return k_cache.to(dtype), v_cache.to(dtype), torch.tensor(padded, dtype=torch.int32)
+
+
+@runs_here
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_dim,block_size",
+    [(4, 2, 16, 4), (14, 2, 64, 16), (28, 4, 128, 16), (8, 8, 32, 16)],
+)
+@pytest.mark.parametrize("num_splits", [1, 3, None])
+def test_paged_decode_matches_sdpa(
+    num_heads, num_kv_heads, head_dim, block_size, num_splits, dtype
+):
+    if not HAS_CUDA and head_dim > 64:
+        pytest.skip("large shapes are slow in the interpreter")
+    generator = torch.Generator().manual_seed(num_heads * 1000 + head_dim + (num_splits or 0))
+    lengths = [1, block_size - 1, block_size, block_size + 1, 5 * block_size + 3, 77]
+    k_cache, v_cache, tables = random_pool(
+        lengths, num_kv_heads, head_dim, block_size, dtype, generator
+    )
+    q = torch.randn(len(lengths), num_heads, head_dim, generator=generator).to(dtype)
+    scale = head_dim**-0.5
+    meta = AttentionMetadata(
+        is_prefill=False,
+        slot_mapping=torch.empty(0, dtype=torch.long),
+        block_tables=tables.long(),
+        context_lens=torch.tensor(lengths),
+        query_lens=[1] * len(lengths),
+        context_lens_host=lengths,
+    )
+    expected = decode_sdpa(q.double(), k_cache.double(), v_cache.double(), meta, scale)
+    out = torch.full_like(q, float("nan"), device=DEVICE)
+    got = triton_attention.paged_decode(
+        q.to(DEVICE),
+        k_cache.to(DEVICE),
+        v_cache.to(DEVICE),
+        tables.to(DEVICE),
+        torch.tensor(lengths, device=DEVICE),
+        scale,
+        num_splits=num_splits,
+    )
+    assert not got.isnan().any() and out.isnan().all()
+    assert got.dtype == dtype and got.shape == q.shape
+    assert rel_error(got, expected) < tolerance(dtype)
+
+
+@runs_here
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_write_kv_matches_torch(dtype):
+    generator = torch.Generator().manual_seed(1)
+    T, H, K, D, pages, block_size = 5, 6, 2, 32, 4, 4
+    q = torch.randn(T, H, D, generator=generator).to(dtype)
+    k = torch.randn(T, K, D, generator=generator).to(dtype)
+    v = torch.randn(T, K, D, generator=generator).to(dtype)
+    angles = torch.rand(T, D // 2, generator=generator) * 6
+    cos = torch.cat([angles.cos(), angles.cos()], -1).to(dtype)
+    sin = torch.cat([angles.sin(), angles.sin()], -1).to(dtype)
+    slots = torch.tensor([3, 9, -1, 0, 15])
+    k_cache = torch.randn(pages, block_size, K, D, generator=generator).to(dtype)
+    v_cache = torch.randn(pages, block_size, K, D, generator=generator).to(dtype)
+
+    ref_q = apply_rope(q.double(), cos.double(), sin.double())
+    ref_k = apply_rope(k.double(), cos.double(), sin.double())
+    ref_k_cache, ref_v_cache = k_cache.double(), v_cache.double()
+    keep = slots >= 0
+    write_kv_index_copy(ref_k_cache, ref_v_cache, ref_k[keep], v.double()[keep], slots[keep])
+
+    got_q, got_k, got_v = q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
+    got_k_cache, got_v_cache = k_cache.to(DEVICE), v_cache.to(DEVICE)
+    triton_attention.rope_write_kv(
+        got_q,
+        got_k,
+        got_v,
+        cos.to(DEVICE),
+        sin.to(DEVICE),
+        got_k_cache,
+        got_v_cache,
+        slots.to(DEVICE),
+    )
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-6
+    assert rel_error(got_q, ref_q) < tol and rel_error(got_k, ref_k) < tol
+    assert rel_error(got_k_cache, ref_k_cache) < tol
+    assert torch.equal(got_v_cache.cpu(), ref_v_cache.to(dtype))  # a plain copy
+
+
+@runs_here
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_delta", [False, True])
+def test_add_rms_norm_and_silu_mul_match_torch(dtype, with_delta):
+    generator = torch.Generator().manual_seed(2)
+    T, E = 7, 896
+    hidden = torch.randn(T, E, generator=generator).to(dtype)
+    delta = torch.randn(T, E, generator=generator).to(dtype) if with_delta else None
+    weight = (1 + 0.1 * torch.randn(E, generator=generator)).to(dtype)
+    ref_x, ref_hidden = add_rms_norm(hidden, delta, weight, 1e-6)
+
+    got_hidden = hidden.to(DEVICE)
+    got_x, got_hidden_out = triton_ops.add_rms_norm(
+        got_hidden, None if delta is None else delta.to(DEVICE), weight.to(DEVICE), 1e-6
+    )
+    assert got_hidden_out.data_ptr() == got_hidden.data_ptr()  # updated in place
+    # same roundings as transformers: at most one bf16 ulp apart (rsqrt differs in last bits)
+    atol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(got_hidden.cpu(), ref_hidden, atol=atol, rtol=1e-2)
+    torch.testing.assert_close(got_x.cpu(), ref_x, atol=atol, rtol=1e-2)
+
+    gate = torch.randn(T, 3000, generator=generator).to(dtype)
+    up = torch.randn(T, 3000, generator=generator).to(dtype)
+    got = triton_ops.silu_mul(gate.to(DEVICE), up.to(DEVICE))
+    ref = torch.nn.functional.silu(gate) * up
+    torch.testing.assert_close(got.cpu(), ref, atol=atol, rtol=1e-2)
+
+
+@runs_here
+def test_gumbel_sampler_greedy_and_logprobs():
+    generator = torch.Generator().manual_seed(3)
+    B, V = 5, 3000
+    logits = (torch.randn(B, V, generator=generator) * 3).to(DTYPES[0])
+    seeds = torch.arange(B, dtype=torch.long)
+    positions = torch.zeros(B, dtype=torch.long)
+    args = (seeds.to(DEVICE), positions.to(DEVICE))
+    ids, lps = triton_ops.sample_gumbel(logits.to(DEVICE), 0.0, *args)
+    ref_lp = torch.log_softmax(logits.float(), -1)
+    assert ids.cpu().tolist() == logits.float().argmax(-1).tolist()
+    torch.testing.assert_close(lps.cpu(), ref_lp.gather(-1, ids.cpu()[:, None])[:, 0])
+
+    ids, lps = triton_ops.sample_gumbel(logits.to(DEVICE), 0.7, *args)
+    ref_lp = torch.log_softmax(logits.float() / 0.7, -1)
+    torch.testing.assert_close(lps.cpu(), ref_lp.gather(-1, ids.cpu()[:, None])[:, 0])
+    again, _ = triton_ops.sample_gumbel(logits.to(DEVICE), 0.7, *args)
+    assert torch.equal(ids, again)  # a function of (seed, position) alone
+    moved, _ = triton_ops.sample_gumbel(logits.to(DEVICE), 0.7, seeds.to(DEVICE), args[1] + 1)
+    assert not torch.equal(ids, moved)
+
+
+@runs_here
+def test_gumbel_sampler_follows_the_distribution():
+    B, temperature = 20000 if HAS_CUDA else 300, 0.8  # the interpreter is slow per program
+    logits_V = torch.tensor([1.0, 0.6, 0.2, -0.2, -0.6, 0.0])
+    V = logits_V.numel()
+    logits = logits_V.expand(B, V).contiguous().to(DEVICE)
+    seeds = torch.arange(B, device=DEVICE) * 7919 + 11
+    positions = torch.full((B,), 5, device=DEVICE)
+    ids, _ = triton_ops.sample_gumbel(logits, temperature, seeds, positions)
+    observed = torch.bincount(ids.cpu(), minlength=V).double()
+    expected = torch.softmax(logits_V.double() / temperature, -1) * B
+    statistic = ((observed - expected) ** 2 / expected).sum().item()
+    df = V - 1  # Wilson-Hilferty upper critical value at p = 0.001
+    critical = df * (1 - 2 / (9 * df) + 3.09 * math.sqrt(2 / (9 * df))) ** 3
+    assert statistic < critical, (observed, expected)
+
+
+@runs_here
+def test_engine_on_the_triton_path_matches_hf_greedy(models, tokenizer, monkeypatch):
+    """The whole fast path but the graphs (fused ops, RoPE + K/V write, paged decode, on-device
+    sampler) against transformers, float32."""
+    from reinforge.engine import model_runner
+    from reinforge.engine.base import SamplingParams
+    from reinforge.engine.paged import PagedEngine
+
+    from .conftest import hf_greedy
+
+    fused = model_runner.ForwardOps(
+        add_rms_norm=triton_ops.add_rms_norm, silu_mul=triton_ops.silu_mul
+    )
+    monkeypatch.setattr(model_runner, "select_attention_backend", lambda device: BACKEND)
+    monkeypatch.setattr(model_runner, "select_ops", lambda device: fused)
+    prompts = [[5, 6, 7], list(range(20, 37))]
+    for family in ("qwen2", "qwen3"):
+        model = models[family].to(DEVICE)
+        engine = PagedEngine(model, tokenizer, block_size=4, num_blocks=64, use_cuda_graphs=False)
+        assert engine.runner.is_fast_path
+        outputs = engine.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0.0, n=2))
+        for prompt, group in zip(prompts, outputs):
+            expected = hf_greedy(model.cpu(), prompt, 6)
+            model.to(DEVICE)
+            assert [c.token_ids for c in group] == [expected, expected]
+        model.cpu()
+
+
+BACKEND = triton_attention.TRITON_BACKEND
