@@ -90,3 +90,61 @@ def test_every_field_documented_and_reference_up_to_date():
 @pytest.mark.parametrize("path", sorted((REPO / "configs").rglob("*.toml")), ids=lambda p: p.name)
 def test_shipped_configs_validate(path):
     load_config(TrainConfig, path)
+
+
+# ----------------------------------------------------------------------------- [algorithm]
+
+
+def test_algorithm_preset_resolves_to_concrete_values():
+    a = load_config(TrainConfig, None, ["algorithm.name=dapo", "rollout.max_new_tokens=8192"])
+    a = a.algorithm
+    assert (a.clip_low, a.clip_high, a.loss_aggregation) == (0.2, 0.28, "token_mean")
+    assert a.dynamic_sampling and a.overlong_buffer == 4096
+    assert a.kl_coef == 0.0 and a.dual_clip_c == 0.0 and not a.uses_reference
+    grpo = load_config(TrainConfig, None, []).algorithm
+    assert (grpo.name, grpo.kl_coef, grpo.loss_aggregation) == ("grpo", 0.04, "seq_mean_token_mean")
+    assert grpo.uses_reference and not grpo.uses_value_model
+    ppo = load_config(TrainConfig, None, ["algorithm.name=ppo"]).algorithm
+    assert ppo.uses_value_model and (ppo.gamma, ppo.lam, ppo.value_clip) == (1.0, 0.95, 0.2)
+
+
+def test_algorithm_field_override_keeps_the_rest_of_the_preset():
+    a = load_config(
+        TrainConfig,
+        None,
+        ["algorithm.name=gspo", "algorithm.clip_high=1e-3", "algorithm.kl_coef=0.1"],
+    ).algorithm
+    assert (a.loss, a.clip_low, a.clip_high) == ("gspo", 3e-4, 1e-3)
+    assert a.kl_coef == 0.1 and a.kl_placement == "loss"  # a KL switched on goes into the loss
+    origins = a.origins()
+    assert origins["clip_low"] == "preset gspo"
+    assert origins["clip_high"] == "set (preset gspo: 0.0004)"
+
+
+def test_algorithm_mistakes_name_the_fix():
+    assert "set algorithm.overlong_buffer = 3" in error_of("algorithm.name=dapo")
+    assert "use e.g. dual_clip_c = 3.0" in error_of("algorithm.dual_clip_c=0.5")
+    assert "advantage = 'gae'" in error_of("algorithm.kl_placement=reward_token")
+    assert "'ppo'" in error_of("algorithm.name=trpo")
+
+
+def test_dry_run_shows_the_resolved_algorithm_and_where_each_value_came_from(tmp_path):
+    from reinforge.errors import ExitCode
+
+    from .conftest import TINY_RUN, cli
+
+    out = cli(
+        "train",
+        *TINY_RUN,
+        "--dry-run",
+        f"run.output_dir={tmp_path}",
+        "algorithm.name=dapo",
+        "algorithm.overlong_buffer=2",
+        "algorithm.clip_high=0.3",
+    )
+    assert out.returncode == ExitCode.OK, out.stderr
+    assert 'name = "dapo"' in out.stdout
+    assert "clip_low = 0.2  # preset dapo" in out.stdout
+    assert "clip_high = 0.3  # set (preset dapo: 0.28)" in out.stdout
+    assert "overlong_buffer = 2  # set (preset dapo: 4096)" in out.stdout
+    assert "dynamic_sampling = true  # preset dapo" in out.stdout

@@ -1,8 +1,9 @@
 """Checkpoints that a crash cannot corrupt, and exact resume.
 
 A checkpoint folder is a loadable HF checkpoint (config, safetensors weights, tokenizer) plus
-`optimizer.pt` (optimizer and schedule), `rng.pt` (every RNG state) and `trainer_state.json`
-(phase, step, data position). It is written under a temporary name and renamed into place; the
+`optimizer.pt` (optimizer and schedule), `rng.pt` (every RNG state), `trainer_state.json`
+(phase, step, data position) and, when the trainer has any, `algorithm_state.pt` (state beyond
+the model and optimizer: a value head, an EMA baseline). It is written under a temporary name and renamed into place; the
 `latest` pointer is replaced atomically after it. Folders left half-written by a crash keep their
 temporary name, are never loaded, and are removed by the next save.
 """
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 
 TMP_PREFIX = ".tmp-"
+EXTRA_STATE_FILE = "algorithm_state.pt"
 
 
 @dataclass
@@ -43,6 +45,7 @@ def save_checkpoint(
     scheduler,
     state: TrainerState,
     keep_last: int | None = None,
+    extra_state: dict | None = None,
 ) -> Path:
     root = checkpoints_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -56,6 +59,8 @@ def save_checkpoint(
             {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
             tmp / "optimizer.pt",
         )
+    if extra_state is not None:
+        torch.save(extra_state, tmp / EXTRA_STATE_FILE)
     torch.save(rng_state(), tmp / "rng.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
     _fsync_dir(tmp)
@@ -89,6 +94,12 @@ def load_optimizer(ckpt: Path, optimizer, scheduler) -> None:
     blob = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=False)
     optimizer.load_state_dict(blob["optimizer"])
     scheduler.load_state_dict(blob["scheduler"])
+
+
+def load_extra_state(ckpt: Path) -> dict:
+    path = ckpt / EXTRA_STATE_FILE
+    assert path.exists(), f"{ckpt} has no {EXTRA_STATE_FILE}: not written by an RL step"
+    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 def rng_state() -> dict:

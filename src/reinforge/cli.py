@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_command(args) -> int:
-    from reinforge.config import ROOTS, load_config, to_toml
+    from reinforge.config import ROOTS, load_config
 
     overrides = list(args.overrides)
     config_path = args.config
@@ -94,7 +94,7 @@ def run_command(args) -> int:
 
     pf = run_preflight(cfg)
     if args.dry_run:
-        print(to_toml(cfg))
+        print(annotated_toml(cfg))
         print_preflight(pf, cfg)
         pf.raise_if_failed()
         print("dry run: config and budgets OK; nothing was trained")
@@ -160,6 +160,27 @@ def execute(args, cfg) -> int:
         )
         return ExitCode.NOTHING_TRAINED
     return ExitCode.OK
+
+
+def annotated_toml(cfg) -> str:
+    """The resolved config as TOML; each preset-backed `[algorithm]` value says where it came
+    from (the preset, or a setting and the preset's value it replaced)."""
+    from reinforge.config import to_toml
+
+    text = to_toml(cfg)
+    algorithm = getattr(cfg, "algorithm", None)
+    if algorithm is None:
+        return text
+    origins = algorithm.origins()
+    lines, section = [], None
+    for line in text.splitlines():
+        if line.startswith("["):
+            section = line.strip("[]")
+        key = line.split(" = ", 1)[0]
+        if section == "algorithm" and key in origins:
+            line = f"{line}  # {origins[key]}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def print_preflight(pf, cfg) -> None:

@@ -5,7 +5,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+import types
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -13,8 +14,17 @@ from reinforge.config import ROOTS, _variants
 
 
 def _type_name(annotation: Any) -> str:
-    text = getattr(annotation, "__name__", None) or str(annotation)
-    return text.replace("typing.", "").replace("Literal", "one of ").replace("NoneType", "None")
+    """`int`, `one of a, b`, `float or None`: readable, and free of `|` (the table's separator)."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Literal:
+        return "one of " + ", ".join(f"`{a}`" for a in args)
+    if origin is Union or origin is types.UnionType:
+        return " or ".join(_type_name(a) for a in args)
+    if origin is not None:
+        return getattr(origin, "__name__", str(origin))
+    if annotation is type(None):
+        return "None"
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 
 def _fmt_default(value: Any) -> str:

@@ -94,6 +94,17 @@ def _check_rl_batch(cfg, pf: Preflight) -> None:
             f"{r.prompts_per_step} prompts x {r.samples_per_prompt} samples = {seqs} sequences",
         )
     )
+    a = cfg.algorithm
+    overridden = [k for k, origin in a.origins().items() if origin.startswith("set")]
+    pf.rows.append(
+        (
+            "algorithm",
+            f"preset {a.name}"
+            + (f", overridden: {', '.join(overridden)}" if overridden else ", as published")
+            + ("; a value head is trained (GAE)" if a.uses_value_model else "")
+            + ("; a frozen KL reference is kept" if a.uses_reference else ""),
+        )
+    )
     micro = min(cfg.train.micro_batch_size, seqs)
     pf.rows.append(("micro-batches per step", f"{-(-seqs // micro)} of <= {micro} sequences"))
     pf.rows.append(

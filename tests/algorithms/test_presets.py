@@ -86,3 +86,16 @@ def test_preset_runs_end_to_end(name):
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
     assert logp.grad.abs().sum() > 0
     assert all(torch.isfinite(torch.as_tensor(v)) for v in metrics.values())
+
+
+def test_table_names_match_the_registries():
+    """The config validates names from `table` (no torch); each must have its function here."""
+    from typing import get_args
+
+    from reinforge.algorithms.kl import KL_ESTIMATORS
+    from reinforge.algorithms.table import AdvantageName, Aggregation, KLEstimator, LossName
+
+    assert set(get_args(AdvantageName)) == set(ADVANTAGES) | {"gae", "ema_baseline"}
+    assert set(get_args(LossName)) == set(POLICY_LOSSES)
+    assert set(get_args(Aggregation)) == set(AGGREGATIONS)
+    assert set(get_args(KLEstimator)) == set(KL_ESTIMATORS)

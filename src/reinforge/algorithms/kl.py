@@ -17,12 +17,12 @@ or summed over the completion and taken off its scalar reward (`kl_penalized_rew
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
 
 import torch
 
-KLEstimator = Literal["k1", "k2", "k3"]
-KLPlacement = Literal["loss", "reward_token", "reward_sequence"]
+from reinforge.algorithms.table import KLEstimator, KLPlacement
+
+__all__ = ["KL_ESTIMATORS", "KLEstimator", "KLPlacement", "kl_estimate"]
 
 
 def _k1(log_ratio: torch.Tensor) -> torch.Tensor:

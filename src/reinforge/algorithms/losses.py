@@ -15,16 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-from reinforge.algorithms.kl import KL_ESTIMATORS, KLEstimator, kl_estimate
+from reinforge.algorithms.kl import KL_ESTIMATORS, kl_estimate
 from reinforge.algorithms.mismatch import tis_weights
-
-Aggregation = Literal[
-    "token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "seq_mean_token_sum"
-]
+from reinforge.algorithms.table import Aggregation, KLEstimator
 
 # exp() of a log-ratio above this overflows float32 towards inf, and inf * 0 in the backward pass
 # is NaN; a ratio of e^20 is far outside every clip range anyway.

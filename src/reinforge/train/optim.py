@@ -33,7 +33,10 @@ def build_optimizer(
     total_steps: int,
     schedule: str,
     min_ratio: float,
+    extra_param_groups: list[dict] = (),
 ):
+    """AdamW over the model's trainable parameters (no decay on vectors), plus any extra groups
+    (e.g. a value head with its own lr); one schedule scales every group's lr."""
     params = [p for p in model.parameters() if p.requires_grad]
     assert params, "no trainable parameters"
     decay = [p for p in params if p.ndim >= 2]
@@ -42,6 +45,7 @@ def build_optimizer(
         [
             {"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0},
+            *extra_param_groups,
         ],
         lr=lr,
         betas=tuple(betas),

@@ -1,8 +1,10 @@
 """The RL loop: rollout, score, advantages, policy update, log, save; one step at a time.
 
-`train` reads like its table of contents; each phase is a named helper below it. Generation goes
-through the `Engine` interface over the trainer's own model, so a step's new weights are what
-the next rollout samples from, with nothing to sync.
+`train` and `rl_step` read like their table of contents; each phase is a named helper, here or in
+the module that owns it (`advantage_step`: rows, reward shaping, advantages; `learner`: the
+models, reference logprobs and old values; `update`: the optimizer step). Generation goes through
+the `Engine` interface over the trainer's own model, so a step's new weights are what the next
+rollout samples from, with nothing to sync.
 """
 
 from __future__ import annotations
@@ -12,17 +14,16 @@ import time
 
 import torch
 
-from reinforge.algorithms.advantages import grpo_advantages
-from reinforge.algorithms.kl import kl_estimate
-from reinforge.algorithms.losses import LossInputs, PPOClipSettings, ppo_clip_loss
-from reinforge.checkpoint import TrainerState, restore_rng
+from reinforge.algorithms.dapo import filter_zero_variance_groups
+from reinforge.checkpoint import TrainerState
 from reinforge.config import TrainConfig
 from reinforge.engine.base import SamplingParams
 from reinforge.metrics import console, format_line, plot_curves
 from reinforge.run import RunContext, Stopped, Summary
 from reinforge.tasks import build_task_source
-from reinforge.train.common import eos_ids, load_model, pad_batch, render_prompt, token_logprobs
-from reinforge.train.optim import build_optimizer
+from reinforge.train.advantage_step import assign_advantages, build_step_batch
+from reinforge.train.common import eos_ids, render_prompt
+from reinforge.train.learner import Learner, build_learner, score_with_models
 from reinforge.train.session import (
     Policy,
     first_eval_from_log,
@@ -33,7 +34,10 @@ from reinforge.train.session import (
     save,
     sft_phase,
 )
+from reinforge.train.update import update_policy
 from reinforge.types import Group, Trajectory
+
+__all__ = ["render_prompt", "rl_step", "train"]
 
 
 def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
@@ -49,79 +53,25 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
                 console.print(f"held-out accuracy before SFT: {summary.sft_eval_before:.3f}")
             state = sft_phase(cfg, ctx, policy, tasks, state, ckpt, logger, cfg.sft.steps)
             ckpt = None  # RL starts fresh from the SFT result
-        reference = load_reference(cfg, ctx, policy)
-        optimizer, scheduler = build_optimizer(
-            policy.model,
-            cfg.optim.lr,
-            cfg.optim.betas,
-            cfg.optim.eps,
-            cfg.optim.weight_decay,
-            cfg.optim.warmup_steps,
-            cfg.run.max_steps,
-            cfg.optim.schedule,
-            cfg.optim.min_lr_ratio,
-        )
-        if ckpt is not None and state.phase == "rl" and state.step > 0:
-            from reinforge.checkpoint import load_optimizer
-
-            load_optimizer(ckpt, optimizer, scheduler)
-            restore_rng(ckpt)
+        learner = build_learner(cfg, ctx, policy, ckpt, state)
         if state.step == 0 and cfg.eval.before_train:
             log_eval(cfg, policy, tasks, logger, 0, eval_tokens, "before RL")
         summary.eval_before = first_eval_from_log(ctx.run_dir)
         start_step = state.step
         with progress_bar(cfg.run.max_steps, state.step, "RL") as advance:
             for step in range(state.step + 1, cfg.run.max_steps + 1):
-                metrics = rl_step(
-                    cfg, policy, reference, optimizer, scheduler, tasks, state, step, logger
-                )
+                metrics = rl_step(cfg, learner, tasks, state, step, logger)
                 state.step = summary.final_step = step
                 summary.steps_trained = step - start_step
                 logger.log(step, metrics)
                 console.print(format_line(step, metrics))
                 advance()
-                if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.run.max_steps:
-                    log_eval(cfg, policy, tasks, logger, step, eval_tokens, f"step {step}")
-                if ctx.should_stop and step < cfg.run.max_steps:
-                    path = save(
-                        ctx,
-                        f"step_{step:06d}",
-                        policy,
-                        optimizer,
-                        scheduler,
-                        state,
-                        cfg.checkpoint.keep_last,
-                    )
-                    raise Stopped(ctx.stop_signal or "signal", path)
-                if (
-                    cfg.checkpoint.every
-                    and step % cfg.checkpoint.every == 0
-                    and step < cfg.run.max_steps
-                ):
-                    save(
-                        ctx,
-                        f"step_{step:06d}",
-                        policy,
-                        optimizer,
-                        scheduler,
-                        state,
-                        cfg.checkpoint.keep_last,
-                    )
-                    if cfg.log.plot:
-                        plot_curves(ctx.run_dir)
+                between_steps(cfg, ctx, learner, tasks, logger, state, eval_tokens)
         if summary.steps_trained > 0:
             summary.eval_after = log_eval(
                 cfg, policy, tasks, logger, state.step, eval_tokens, "after RL"
             )
-            save(
-                ctx,
-                f"step_{state.step:06d}",
-                policy,
-                optimizer,
-                scheduler,
-                state,
-                cfg.checkpoint.keep_last,
-            )
+            save_rl(ctx, cfg, learner, state)
         if cfg.log.plot:
             plot_curves(ctx.run_dir)
     finally:
@@ -130,40 +80,78 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
 
 
 def rl_step(
-    cfg: TrainConfig,
-    policy: Policy,
-    reference,
-    optimizer,
-    scheduler,
-    tasks,
-    state: TrainerState,
-    step: int,
-    logger,
+    cfg: TrainConfig, learner: Learner, tasks, state: TrainerState, step: int, logger
 ) -> dict[str, float]:
     start = time.perf_counter()
-    batch_tasks = [
-        tasks.train_task(state.data_position + i) for i in range(cfg.rollout.prompts_per_step)
-    ]
-    state.data_position += len(batch_tasks)
-    groups = rollout(cfg, policy, batch_tasks, seed=cfg.run.seed * 1_000_003 + step)
+    sampled, groups, sampling_metrics = sample_groups(cfg, learner.policy, tasks, state, step)
     gen_s = time.perf_counter() - start
-    score(groups, tasks)
-    assign_advantages(groups, cfg)
     train_start = time.perf_counter()
-    metrics = update_policy(cfg, policy, reference, optimizer, scheduler, groups)
-    logger.log_samples(step, sample_rows(policy, groups, cfg.log.samples_per_step))
-    num_generated = policy.engine.stats.num_generated_tokens
-    step_s = time.perf_counter() - start
+    batch = build_step_batch(groups, cfg.algorithm, learner.policy.device)
+    score_with_models(cfg, learner, batch)
+    shaping_metrics = assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
+    metrics = update_policy(cfg, learner, batch)
+    logger.log_samples(step, sample_rows(learner.policy, groups, cfg.log.samples_per_step))
+    num_generated = sum(t.num_completion_tokens for g in sampled for t in g.trajectories)
     return {
-        **rollout_metrics(groups),
+        **rollout_metrics(sampled),
+        **sampling_metrics,
+        **shaping_metrics,
         **metrics,
         "generate_s": gen_s,
         "train_s": time.perf_counter() - train_start,
-        "step_s": step_s,
+        "step_s": time.perf_counter() - start,
         "tokens_per_s": num_generated / max(gen_s, 1e-9),
-        "lr": scheduler.get_last_lr()[0],
+        "lr": learner.scheduler.get_last_lr()[0],
         "data_position": float(state.data_position),
     }
+
+
+def sample_groups(
+    cfg: TrainConfig, policy: Policy, tasks, state: TrainerState, step: int
+) -> tuple[list[Group], list[Group], dict[str, float]]:
+    """(every group sampled, the step's groups, metrics). Without dynamic sampling: one rollout of
+    rollout.prompts_per_step prompts. With it (DAPO): rounds of rollouts, keeping only groups whose
+    rewards differ, until the step has that many; each further round samples the prompts still
+    missing divided by the keep rate so far. After algorithm.max_sampling_rounds the batch is
+    filled with dropped groups (they add no advantage; `filled_groups` counts them)."""
+    want, a = cfg.rollout.prompts_per_step, cfg.algorithm
+    sampled: list[Group] = []
+    kept: list[Group] = []
+    for round_index in range(a.max_sampling_rounds if a.dynamic_sampling else 1):
+        missing = want - len(kept)
+        num = want if not kept else min(want, math.ceil(missing * len(sampled) / len(kept)))
+        batch_tasks = [tasks.train_task(state.data_position + i) for i in range(num)]
+        state.data_position += num
+        groups = rollout(cfg, policy, batch_tasks, seed=rollout_seed(cfg, step, round_index))
+        score(groups, tasks)
+        sampled += groups
+        if not a.dynamic_sampling:
+            return sampled, groups, {}
+        kept += [g for g, keep in zip(groups, has_signal(groups)) if keep]
+        if len(kept) >= want:
+            break
+    kept_ids = {id(g) for g in kept}
+    chosen = (kept + [g for g in sampled if id(g) not in kept_ids])[:want]
+    num_filled = max(want - len(kept), 0)
+    return (
+        sampled,
+        chosen,
+        {
+            "sampling_rounds": float(round_index + 1),
+            "dropped_groups": float(len(sampled) - len(kept)),
+            "filled_groups": float(num_filled),
+        },
+    )
+
+
+def rollout_seed(cfg: TrainConfig, step: int, round_index: int) -> int:
+    """Sampling seed of a step's rollout round: a pure function of (seed, step, round)."""
+    return cfg.run.seed * 1_000_003 + step + round_index * 1_000_000_007
+
+
+def has_signal(groups: list[Group]) -> list[bool]:
+    rewards_GN = torch.tensor([[t.reward for t in g.trajectories] for g in groups])
+    return filter_zero_variance_groups(rewards_GN).tolist()
 
 
 def rollout(cfg: TrainConfig, policy: Policy, batch_tasks, seed: int) -> list[Group]:
@@ -192,87 +180,6 @@ def score(groups: list[Group], tasks) -> None:
         for traj in group.trajectories:
             traj.reward = tasks.reward(traj.completion.text, traj.task)
             traj.is_correct = traj.reward >= 1.0
-
-
-def assign_advantages(groups: list[Group], cfg: TrainConfig) -> None:
-    rewards_GN = torch.tensor(
-        [[t.reward for t in g.trajectories] for g in groups], dtype=torch.float32
-    )
-    advantages_GN = grpo_advantages(rewards_GN, normalize_std=cfg.algorithm.normalize_std)
-    for group, row in zip(groups, advantages_GN.tolist()):
-        for traj, adv in zip(group.trajectories, row):
-            traj.advantage = adv
-
-
-def update_policy(
-    cfg: TrainConfig, policy: Policy, reference, optimizer, scheduler, groups: list[Group]
-) -> dict:
-    a = cfg.algorithm
-    settings = PPOClipSettings(
-        a.clip_low, a.clip_high, a.kl_coef, a.kl_estimator, a.entropy_coef, a.loss_aggregation
-    )
-    trajs = [t for g in groups for t in g.trajectories]
-    num_tokens = float(sum(t.num_completion_tokens for t in trajs))
-    temperature = cfg.rollout.temperature or 1.0
-    totals: dict[str, float] = {}
-    optimizer.zero_grad(set_to_none=True)
-    for i in range(0, len(trajs), cfg.train.micro_batch_size):
-        micro = trajs[i : i + cfg.train.micro_batch_size]
-        batch = pad_batch(
-            [t.prompt_ids for t in micro],
-            [t.completion.token_ids for t in micro],
-            policy.tokenizer.pad_token_id,
-            policy.device,
-        )
-        sampler_BT = sampler_logprobs(micro, batch.mask_BT)
-        logprobs_BT, entropy_BT = token_logprobs(
-            policy.model, batch, temperature, with_entropy=True
-        )
-        ref_BT = None
-        if reference is not None:
-            with torch.no_grad():
-                ref_BT, _ = token_logprobs(reference, batch, temperature)
-        inputs = LossInputs(
-            logprobs_BT=logprobs_BT,
-            old_logprobs_BT=logprobs_BT.detach() if a.old_logprobs == "trainer" else sampler_BT,
-            advantages_B=torch.tensor([t.advantage for t in micro], device=policy.device),
-            mask_BT=batch.mask_BT,
-            num_tokens_total=num_tokens,
-            num_seqs_total=float(len(trajs)),
-            ref_logprobs_BT=ref_BT,
-            entropy_BT=entropy_BT,
-        )
-        loss, metrics = ppo_clip_loss(inputs, settings)
-        loss.backward()
-        with torch.no_grad():
-            mismatch = kl_estimate(sampler_BT, logprobs_BT.detach(), "k3")
-            metrics["kl_sampler"] = (mismatch * batch.mask_BT).sum() / num_tokens
-        metrics["loss"] = loss.detach()
-        for k, v in metrics.items():
-            totals[k] = totals.get(k, 0.0) + float(v)
-    grad_norm = float(
-        torch.nn.utils.clip_grad_norm_(policy.model.parameters(), cfg.optim.max_grad_norm)
-    )
-    if math.isfinite(grad_norm):
-        optimizer.step()
-        totals["nonfinite_skipped"] = 0.0
-    else:
-        totals["nonfinite_skipped"] = 1.0  # parameters untouched
-    optimizer.zero_grad(set_to_none=True)
-    scheduler.step()
-    totals["grad_norm"] = grad_norm
-    return totals
-
-
-def sampler_logprobs(micro: list[Trajectory], mask_BT: torch.Tensor) -> torch.Tensor:
-    """The sampler's logprobs laid out like the trainer's [B, L-1] targets."""
-    out = torch.zeros_like(mask_BT)
-    for b, t in enumerate(micro):
-        start = len(t.prompt_ids) - 1
-        out[b, start : start + t.num_completion_tokens] = torch.tensor(
-            t.completion.logprobs, dtype=out.dtype
-        )
-    return out
 
 
 def rollout_metrics(groups: list[Group]) -> dict[str, float]:
@@ -304,6 +211,32 @@ def sample_rows(policy: Policy, groups: list[Group], count: int) -> list[dict]:
     return rows
 
 
+def between_steps(cfg, ctx, learner: Learner, tasks, logger, state, eval_tokens: int) -> None:
+    """Periodic evaluation and checkpoints; on a stop signal, save and raise `Stopped`."""
+    step, is_last = state.step, state.step >= cfg.run.max_steps
+    if cfg.eval.every and step % cfg.eval.every == 0 and not is_last:
+        log_eval(cfg, learner.policy, tasks, logger, step, eval_tokens, f"step {step}")
+    if ctx.should_stop and not is_last:
+        raise Stopped(ctx.stop_signal or "signal", save_rl(ctx, cfg, learner, state))
+    if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and not is_last:
+        save_rl(ctx, cfg, learner, state)
+        if cfg.log.plot:
+            plot_curves(ctx.run_dir)
+
+
+def save_rl(ctx: RunContext, cfg: TrainConfig, learner: Learner, state: TrainerState):
+    return save(
+        ctx,
+        f"step_{state.step:06d}",
+        learner.policy,
+        learner.optimizer,
+        learner.scheduler,
+        state,
+        cfg.checkpoint.keep_last,
+        learner.checkpoint_state(),
+    )
+
+
 def log_eval(
     cfg, policy: Policy, tasks, logger, step: int, max_new_tokens: int, label: str
 ) -> float:
@@ -319,18 +252,3 @@ def log_eval(
     )
     console.print(f"held-out accuracy {label}: {result.accuracy:.3f} ({result.num_tasks} tasks)")
     return result.accuracy
-
-
-def load_reference(cfg: TrainConfig, ctx: RunContext, policy: Policy):
-    """The frozen KL reference: the policy as RL started (after any SFT stage)."""
-    if cfg.algorithm.kl_coef == 0.0:
-        return None
-    sft_final = ctx.run_dir / "checkpoints" / "sft_final"
-    source = str(sft_final) if sft_final.exists() else policy.source
-    if not sft_final.exists() and ctx.resume:
-        from reinforge.train.common import model_source
-
-        source = model_source(cfg.model.path, cfg.run.seed)
-    ref = load_model(source, policy.device, next(policy.model.parameters()).dtype)
-    ref.eval().requires_grad_(False)
-    return ref

@@ -96,9 +96,18 @@ def save(
     scheduler,
     state: TrainerState,
     keep_last: int | None = None,
+    extra_state: dict | None = None,
 ) -> Path:
     return save_checkpoint(
-        ctx.run_dir, name, policy.model, policy.tokenizer, optimizer, scheduler, state, keep_last
+        ctx.run_dir,
+        name,
+        policy.model,
+        policy.tokenizer,
+        optimizer,
+        scheduler,
+        state,
+        keep_last,
+        extra_state,
     )
 
 

@@ -1,0 +1,233 @@
+"""From scored groups to what the loss needs: the step's rows, reward shaping, advantages.
+
+`Algorithm` turns the resolved `[algorithm]` section into callables once per run: the advantage
+estimator from `ESTIMATORS` (the `presets.ADVANTAGES` functions plus the two that are not plain
+functions: GAE, which needs values, and the EMA baseline, which holds state), the policy loss
+from `presets.POLICY_LOSSES`, and its settings. No branch in the loop names an algorithm.
+
+Order within a step (docs/algorithms.md, "Wiring into the loop"):
+1. `build_step_batch`: completion rows of the step, the loss mask (truncated completions out of
+   it when `mask_truncated`), the sampler's logprobs.
+2. (the trainer fills reference logprobs and old values: `learner.score_with_models`)
+3. `assign_advantages`: shape rewards (DAPO's overlong penalty; a sequence KL penalty), then
+   the estimator: one advantage per sequence [B], or per token [B, T] with GAE returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from reinforge.algorithms.advantages import (
+    EMABaseline,
+    gae_advantages,
+    masked_whiten,
+    outcome_token_rewards,
+)
+from reinforge.algorithms.dapo import mask_truncated, overlong_penalty
+from reinforge.algorithms.kl import kl_penalized_rewards, kl_penalized_token_rewards
+from reinforge.algorithms.losses import PolicyLossSettings
+from reinforge.algorithms.presets import ADVANTAGES, POLICY_LOSSES
+from reinforge.config import AlgorithmSection
+from reinforge.types import Group, Trajectory
+
+STD_EPS = 1e-6
+
+
+@dataclass
+class StepBatch:
+    """The step's trajectories and their per-token data as completion rows [B, T] (see
+    `train.forward`), B = groups x samples per group, in group order."""
+
+    trajs: list[Trajectory]
+    group_size: int
+    mask_BT: torch.Tensor  # the loss mask
+    sampler_BT: torch.Tensor  # the sampler's logprob of each token
+    ref_BT: torch.Tensor | None = None  # the KL reference's logprobs (when kl_coef > 0)
+    old_values_BT: torch.Tensor | None = None  # the value head's, before the update (GAE)
+    advantages: torch.Tensor | None = None  # [B], or [B, T] for token-level estimators
+    returns_BT: torch.Tensor | None = None  # value targets (GAE)
+
+    @property
+    def num_tokens(self) -> float:
+        return float(self.mask_BT.sum())
+
+    @property
+    def num_seqs(self) -> float:
+        """Sequences with at least one token in the loss."""
+        return float((self.mask_BT.sum(-1) > 0).sum())
+
+    def rewards_GN(self) -> torch.Tensor:
+        rewards_B = torch.tensor([t.reward for t in self.trajs], dtype=torch.float32)
+        return rewards_B.view(-1, self.group_size)
+
+
+def build_step_batch(groups: list[Group], a: AlgorithmSection, device) -> StepBatch:
+    trajs = [t for g in groups for t in g.trajectories]
+    group_size = len(groups[0].trajectories)
+    assert all(len(g.trajectories) == group_size for g in groups), "groups of equal size"
+    sampler_BT = to_rows([t.completion.logprobs for t in trajs], device)
+    mask_BT = to_rows([[1.0] * t.num_completion_tokens for t in trajs], device)
+    if a.mask_truncated:
+        mask_BT = mask_truncated(mask_BT, [t.completion.finish_reason for t in trajs])
+    return StepBatch(trajs, group_size, mask_BT, sampler_BT)
+
+
+def to_rows(values: list[list[float]], device) -> torch.Tensor:
+    """Ragged per-token lists as left-aligned rows [B, T], zeros past each end."""
+    rows_BT = torch.zeros(len(values), max(map(len, values)), dtype=torch.float32)
+    for b, row in enumerate(values):
+        rows_BT[b, : len(row)] = torch.tensor(row, dtype=torch.float32)
+    return rows_BT.to(device)
+
+
+# --------------------------------------------------------------------------------- estimators
+
+
+class GroupEstimator:
+    """A `presets.ADVANTAGES` function: sequence rewards [G, N] -> one advantage per sequence."""
+
+    def __init__(self, a: AlgorithmSection) -> None:
+        self.fn, self.normalize_std = ADVANTAGES[a.advantage], a.normalize_std
+
+    def __call__(self, rewards_GN: torch.Tensor, batch: StepBatch) -> None:
+        batch.advantages = self.fn(rewards_GN, self.normalize_std).flatten()
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class EMAEstimator(GroupEstimator):
+    """REINFORCE with a running baseline (Williams 1992), optionally over the batch std."""
+
+    def __init__(self, a: AlgorithmSection) -> None:
+        self.baseline, self.normalize_std = EMABaseline(a.ema_decay), a.normalize_std
+
+    def __call__(self, rewards_GN: torch.Tensor, batch: StepBatch) -> None:
+        advantages_B = self.baseline.advantages(rewards_GN.flatten())
+        if self.normalize_std and advantages_B.numel() > 1:
+            advantages_B = advantages_B / (rewards_GN.std() + STD_EPS)
+        batch.advantages = advantages_B
+
+    def state_dict(self) -> dict:
+        return self.baseline.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.baseline.load_state_dict(state)
+
+
+class GAEEstimator(GroupEstimator):
+    """PPO: the reward on each completion's last token, an optional per-token KL penalty
+    (kl_placement = reward_token), GAE over the value head's old values, whitened advantages."""
+
+    def __init__(self, a: AlgorithmSection) -> None:
+        self.gamma, self.lam, self.normalize_std = a.gamma, a.lam, a.normalize_std
+        self.kl_token_coef = a.kl_coef if a.kl_placement == "reward_token" else 0.0
+        self.kl_estimator = a.kl_estimator
+
+    def __call__(self, rewards_GN: torch.Tensor, batch: StepBatch) -> None:
+        assert batch.old_values_BT is not None, "GAE needs the value head's old values"
+        mask_BT = batch.mask_BT
+        token_rewards_BT = outcome_token_rewards(rewards_GN.flatten().to(mask_BT.device), mask_BT)
+        if self.kl_token_coef > 0:
+            assert batch.ref_BT is not None, "a KL reward penalty needs reference logprobs"
+            token_rewards_BT = kl_penalized_token_rewards(
+                token_rewards_BT,
+                batch.sampler_BT,
+                batch.ref_BT,
+                mask_BT,
+                self.kl_token_coef,
+                self.kl_estimator,
+            )
+        advantages_BT, batch.returns_BT = gae_advantages(
+            token_rewards_BT, batch.old_values_BT, mask_BT, self.gamma, self.lam
+        )
+        batch.advantages = (
+            masked_whiten(advantages_BT, mask_BT) if self.normalize_std else advantages_BT
+        )
+
+
+ESTIMATORS: dict[str, type[GroupEstimator]] = {
+    **{name: GroupEstimator for name in ADVANTAGES},
+    "gae": GAEEstimator,
+    "ema_baseline": EMAEstimator,
+}
+
+
+class Algorithm:
+    """The resolved `[algorithm]` section as callables, built once per run; holds the
+    estimator's state (the EMA baseline), which checkpoints save."""
+
+    def __init__(self, a: AlgorithmSection) -> None:
+        self.section = a
+        self.estimator = ESTIMATORS[a.advantage](a)
+        self.policy_loss = POLICY_LOSSES[a.loss]
+        self.settings = PolicyLossSettings(
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            kl_coef=a.kl_coef if a.kl_placement == "loss" else 0.0,  # else: in the rewards
+            kl_estimator=a.kl_estimator,
+            entropy_coef=a.entropy_coef,
+            aggregation=a.loss_aggregation,
+            dual_clip_c=a.dual_clip_c or None,
+            tis_cap=a.tis_cap or None,
+        )
+
+    def state_dict(self) -> dict:
+        return {"estimator": self.estimator.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.estimator.load_state_dict(state["estimator"])
+
+
+# ----------------------------------------------------------------------------------- the step
+
+
+def assign_advantages(
+    batch: StepBatch, algorithm: Algorithm, max_new_tokens: int
+) -> dict[str, float]:
+    """Shape the rewards, run the estimator, and give each trajectory its (mean) advantage."""
+    rewards_GN, metrics = shaped_rewards(batch, algorithm.section, max_new_tokens)
+    algorithm.estimator(rewards_GN, batch)
+    advantages = batch.advantages
+    assert advantages is not None
+    if advantages.dim() == 2:  # per token: report each sequence's mean
+        per_seq_B = (advantages * batch.mask_BT).sum(-1) / batch.mask_BT.sum(-1).clamp(min=1.0)
+    else:
+        per_seq_B = advantages
+    for traj, adv in zip(batch.trajs, per_seq_B.tolist()):
+        traj.advantage = adv
+    metrics["advantage_abs_mean"] = float(per_seq_B.abs().mean())
+    return metrics
+
+
+def shaped_rewards(
+    batch: StepBatch, a: AlgorithmSection, max_new_tokens: int
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The task rewards [G, N] plus DAPO's overlong penalty and a sequence-level KL penalty (RLOO:
+    r - beta * sum_t KL_t, from the sampler's logprobs against the reference's), as configured."""
+    rewards_GN = batch.rewards_GN()
+    metrics: dict[str, float] = {}
+    if a.overlong_buffer:
+        lengths_B = torch.tensor([t.num_completion_tokens for t in batch.trajs])
+        penalty_B = overlong_penalty(lengths_B, max_new_tokens, a.overlong_buffer)
+        rewards_GN = rewards_GN + penalty_B.view_as(rewards_GN)
+        metrics["overlong_penalty"] = float(penalty_B.mean())
+    if a.kl_coef > 0 and a.kl_placement == "reward_sequence":
+        assert batch.ref_BT is not None, "a KL reward penalty needs reference logprobs"
+        mask_BT = batch.mask_BT
+        penalized_B = kl_penalized_rewards(
+            rewards_GN.flatten().to(mask_BT.device),
+            batch.sampler_BT,
+            batch.ref_BT,
+            mask_BT,
+            a.kl_coef,
+            a.kl_estimator,
+        ).cpu()
+        metrics["kl_penalty"] = float((rewards_GN.flatten() - penalized_B).mean())
+        rewards_GN = penalized_B.view_as(rewards_GN)
+    return rewards_GN, metrics

@@ -1,0 +1,105 @@
+"""One optimizer step on the step's batch: micro-batches of the policy loss (and the value loss),
+gradient accumulation, clipping, the step.
+
+Every micro-batch's loss is already divided by the whole step's token and sequence counts
+(`algorithms.losses`), so the accumulated gradient is the configured aggregate whatever the
+micro-batching; metrics follow the same rule and are summed. On policy with one update per batch
+the old logprobs are this forward's own, detached (`algorithm.old_logprobs = "trainer"`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from reinforge.algorithms.losses import LossInputs
+from reinforge.algorithms.mismatch import mismatch_kl
+from reinforge.algorithms.value import clipped_value_loss
+from reinforge.config import TrainConfig
+from reinforge.train.advantage_step import StepBatch
+from reinforge.train.forward import completion_rows, micro_batches
+from reinforge.train.learner import Learner
+from reinforge.train.value import head_values
+
+
+def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[str, float]:
+    optimizer = learner.optimizer
+    totals: dict[str, float] = {}
+    optimizer.zero_grad(set_to_none=True)
+    for idx in micro_batches(len(batch.trajs), cfg.train.micro_batch_size):
+        for key, value in micro_step(cfg, learner, batch, idx).items():
+            totals[key] = totals.get(key, 0.0) + float(value)
+    totals.update(optimizer_step(cfg, learner))
+    return totals
+
+
+def micro_step(
+    cfg: TrainConfig, learner: Learner, batch: StepBatch, idx: list[int]
+) -> dict[str, torch.Tensor]:
+    """Forward, loss and backward of one micro-batch; returns its share of the step's metrics."""
+    a, algorithm = cfg.algorithm, learner.algorithm
+    rows = completion_rows(
+        learner.policy.model,
+        [batch.trajs[i].prompt_ids for i in idx],
+        [batch.trajs[i].completion.token_ids for i in idx],
+        cfg.rollout.temperature or 1.0,
+        with_hidden=learner.value_head is not None,
+        entropy_grad=a.entropy_coef > 0,
+    )
+    width = rows.logprobs_ST.shape[1]
+    device = rows.logprobs_ST.device
+
+    def take(step_BT: torch.Tensor | None) -> torch.Tensor | None:
+        return None if step_BT is None else step_BT[idx, :width].to(device)
+
+    mask_ST, sampler_ST = take(batch.mask_BT), take(batch.sampler_BT)
+    advantages = batch.advantages
+    assert advantages is not None, "advantages are assigned before the update"
+    inputs = LossInputs(
+        logprobs_BT=rows.logprobs_ST,
+        old_logprobs_BT=rows.logprobs_ST.detach() if a.old_logprobs == "trainer" else sampler_ST,
+        advantages_B=advantages[idx].to(device) if advantages.dim() == 1 else take(advantages),
+        mask_BT=mask_ST,
+        num_tokens_total=batch.num_tokens,
+        num_seqs_total=batch.num_seqs,
+        ref_logprobs_BT=take(batch.ref_BT),
+        entropy_BT=rows.entropy_ST,
+        sampler_logprobs_BT=sampler_ST,
+        token_sum_norm=float(cfg.rollout.max_new_tokens),
+    )
+    loss, metrics = algorithm.policy_loss(inputs, algorithm.settings)
+    metrics["loss"] = loss.detach()
+    if learner.value_head is not None:
+        value_loss, value_metrics = clipped_value_loss(
+            head_values(learner.value_head, rows.hidden_STH),
+            take(batch.old_values_BT),
+            take(batch.returns_BT),
+            mask_ST,
+            batch.num_tokens,
+            a.value_clip or None,
+        )
+        loss = loss + value_loss  # the head reads detached hidden states: separate gradients
+        metrics.update(value_metrics)
+    loss.backward()
+    metrics["kl_sampler"] = mismatch_kl(sampler_ST, rows.logprobs_ST, mask_ST, batch.num_tokens)
+    return metrics
+
+
+def optimizer_step(cfg: TrainConfig, learner: Learner) -> dict[str, float]:
+    """Clip (policy and value head separately), step unless a gradient is not finite, advance
+    the schedule."""
+    max_norm = cfg.optim.max_grad_norm
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(learner.policy.model.parameters(), max_norm))
+    metrics = {"grad_norm": grad_norm}
+    is_finite = math.isfinite(grad_norm)
+    if learner.value_head is not None:
+        value_norm = torch.nn.utils.clip_grad_norm_(learner.value_head.parameters(), max_norm)
+        metrics["value_grad_norm"] = float(value_norm)
+        is_finite = is_finite and math.isfinite(metrics["value_grad_norm"])
+    if is_finite:
+        learner.optimizer.step()
+    metrics["nonfinite_skipped"] = 0.0 if is_finite else 1.0  # parameters untouched
+    learner.optimizer.zero_grad(set_to_none=True)
+    learner.scheduler.step()
+    return metrics
