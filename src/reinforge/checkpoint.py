@@ -30,6 +30,7 @@ class TrainerState:
     step: int  # optimizer steps completed in this phase
     data_position: int  # train tasks consumed so far (all phases)
     sft_done: bool = False
+    micro_batch_tokens: int | None = None  # the run's packing budget, reused on resume
 
 
 def checkpoints_dir(run_dir: Path) -> Path:

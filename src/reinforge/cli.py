@@ -100,6 +100,8 @@ def run_command(args) -> int:
         print("dry run: config and budgets OK; nothing was trained")
         return ExitCode.OK
     pf.raise_if_failed()
+    for warning in pf.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     return execute(args, cfg)
 
 

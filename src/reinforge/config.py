@@ -61,6 +61,20 @@ class RunSection(Section):
     """Allow starting a new run in a run directory that already holds one (it is cleared)."""
 
 
+class LoraSection(Section):
+    rank: int = Field(0, ge=0, le=4096)
+    """LoRA rank: train low-rank adapters (PEFT) instead of every weight; 0 = off (full
+    fine-tuning). The KL reference is then the base model with the adapter disabled: no copy."""
+    alpha: float | None = Field(None, gt=0.0)
+    """LoRA scale numerator: the update is alpha / rank * B A. Default: 2 * rank."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input."""
+    target_modules: str | list[str] = "all-linear"
+    """Layers that get adapters: "all-linear" (every linear layer but the LM head), a list of
+    module-name suffixes such as ["q_proj", "v_proj"], or a regular expression. Binding to no
+    layer is refused."""
+
+
 class ModelSection(Section):
     path: str = "builtin:tiny"
     """A local HF checkpoint folder, a hub name (when online), or `builtin:tiny` (a few-million-parameter
@@ -70,8 +84,11 @@ class ModelSection(Section):
     max_context: int | None = Field(None, ge=8)
     """Override of the context length the preflight checks against (default: the model config's
     `max_position_embeddings`)."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass to save memory."""
+    gradient_checkpointing: bool | Literal["auto"] = "auto"
+    """Recompute activations in the backward pass to save memory: true, false, or "auto" (the
+    memory planner turns it on only when the job does not fit without it)."""
+    lora: LoraSection = LoraSection()
+    """LoRA adapters; rank 0 (the default) trains every weight."""
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -318,11 +335,24 @@ class OptimSection(Section):
     """Final learning rate as a fraction of `lr` for cosine and linear schedules."""
     max_grad_norm: float = Field(1.0, gt=0.0)
     """Clip the global gradient norm to this value."""
+    state_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype of AdamW's two moment estimates. float32 (8 bytes per parameter) also with bfloat16
+    weights, which are updated from the float32 step; bfloat16 halves that memory at the cost of
+    precision. LoRA adapters are float32 and keep float32 states either way."""
 
 
 class TrainSection(Section):
-    micro_batch_size: int = Field(64, ge=1, le=65536)
-    """Sequences per forward/backward; gradients accumulate over the step's micro-batches."""
+    micro_batch_tokens: int | None = Field(None, ge=8, le=10_000_000)
+    """Token budget of one packed micro-batch (prompt + completion tokens of the sequences it
+    holds, no padding); gradients accumulate over a step's micro-batches. Default: the memory
+    planner's choice (`--dry-run` prints it)."""
+    micro_batch_size: int | None = Field(None, ge=1, le=65536)
+    """Deprecated: micro-batches are packed by tokens. When set (and micro_batch_tokens is not),
+    the planner's budget is capped at micro_batch_size x (longest prompt + max_new_tokens), the
+    memory bound it gave before; preflight says so. Set micro_batch_tokens instead, or neither."""
+    compile: bool = False
+    """torch.compile each decoder layer (dynamic shapes) for the trainer's forward and backward.
+    The first steps pay the compile time."""
 
 
 class EvalSection(Section):
@@ -402,6 +432,7 @@ class SFTConfig(Section):
     task: TaskConfig = ArithmeticTaskConfig()
     sft: SFTOnlySection = SFTOnlySection()
     optim: OptimSection = OptimSection()
+    train: TrainSection = TrainSection()
     eval: EvalSection = EvalSection()
     checkpoint: CheckpointSection = CheckpointSection()
     log: LogSection = LogSection()
@@ -524,6 +555,7 @@ def check_keys(raw: dict[str, Any], root: type[BaseModel]) -> None:
             sec_raw.setdefault("name", model.model_fields["name"].default)
         for key in sec_raw:
             if key in model.model_fields:
+                _check_nested(sec_raw[key], model.model_fields[key].annotation, f"{sec_name}.{key}")
                 continue
             elsewhere = [s for s in locations.get(key, []) if s != sec_name]
             if elsewhere:
@@ -536,6 +568,23 @@ def check_keys(raw: dict[str, Any], root: type[BaseModel]) -> None:
             raise ConfigError(
                 f"[{sec_name}] has no setting {key!r}; {hint}valid settings: {', '.join(model.model_fields)}"
             )
+
+
+def _check_nested(raw: Any, annotation: Any, where: str) -> None:
+    """Keys of a table inside a section (e.g. `[model.lora]`): unknown ones name the closest."""
+    if not isinstance(raw, dict) or not (
+        isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    ):
+        return
+    for key, value in raw.items():
+        if key not in annotation.model_fields:
+            close = difflib.get_close_matches(key, list(annotation.model_fields), n=1, cutoff=0.5)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(
+                f"[{where}] has no setting {key!r}; {hint}valid settings: "
+                f"{', '.join(annotation.model_fields)}"
+            )
+        _check_nested(value, annotation.model_fields[key].annotation, f"{where}.{key}")
 
 
 def format_validation_error(err: ValidationError, root: type[BaseModel]) -> str:

@@ -48,16 +48,28 @@ def _bounds(field) -> str:
     return ", ".join(parts)
 
 
-def _section_table(model: type[BaseModel]) -> list[str]:
+def _section_table(model: type[BaseModel], where: str) -> list[str]:
+    """The section's table, then one for each table nested in it (e.g. `[model.lora]`)."""
     lines = ["| key | type | default | bounds | description |", "|---|---|---|---|---|"]
+    nested = []
     for name, field in model.model_fields.items():
         doc = " ".join((field.description or "").split()).replace("|", "\\|")
         assert doc, f"{model.__name__}.{name} has no docstring"
+        if _is_table(field.annotation):
+            nested.append((f"{where}.{name}", field.annotation))
+            lines.append(f"| `{name}` | table | | | {doc} See `[{where}.{name}]`. |")
+            continue
         lines.append(
             f"| `{name}` | {_type_name(field.annotation)} | {_fmt_default(field.default)} | "
             f"{_bounds(field)} | {doc} |"
         )
+    for sub_where, sub_model in nested:
+        lines += ["", f"### `[{sub_where}]`", "", *_section_table(sub_model, sub_where)]
     return lines
+
+
+def _is_table(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
 def render() -> str:
@@ -91,5 +103,5 @@ def render() -> str:
                 title = f"### `[{section}]`"
                 if len(_variants(field.annotation)) > 1:
                     title += f' with `name = "{variant.model_fields["name"].default}"`'
-                out += [title, "", *_section_table(variant), ""]
+                out += [title, "", *_section_table(variant, section), ""]
     return "\n".join(out)

@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 
 from reinforge.errors import ConfigError
 
-NUM_TRAIN_PROMPTS_PROBED = 512
-
 
 @dataclass
 class Preflight:
@@ -47,17 +45,16 @@ def model_context(cfg) -> tuple[int, str]:
 
 
 def run_preflight(cfg) -> Preflight:
-    from reinforge.tasks import build_task_source
-    from reinforge.train.common import load_tokenizer, model_source, render_prompt
+    from reinforge.train.common import load_tokenizer, model_source
+    from reinforge.train.memory import probe_lengths
 
     pf = Preflight()
     context, context_from = model_context(cfg)
     tokenizer = load_tokenizer(cfg.model.tokenizer or model_source(cfg.model.path, cfg.run.seed))
-    tasks = build_task_source(cfg.task)
-    probe = tasks.eval_tasks() + [tasks.train_task(i) for i in range(NUM_TRAIN_PROMPTS_PROBED)]
-    longest = max(len(render_prompt(tokenizer, t.messages)) for t in probe)
+    lengths = probe_lengths(cfg, tokenizer)
+    longest = lengths.longest_prompt
     pf.rows.append(("model context", f"{context} ({context_from})"))
-    pf.rows.append(("longest prompt", f"{longest} tokens (over {len(probe)} tasks probed)"))
+    pf.rows.append(("longest prompt", f"{longest} tokens (over {lengths.num_probed} tasks probed)"))
 
     gen_budget = getattr(getattr(cfg, "rollout", None), "max_new_tokens", None)
     budgets = [("rollout.max_new_tokens", gen_budget)] if gen_budget else []
@@ -82,7 +79,36 @@ def run_preflight(cfg) -> Preflight:
             f"tasks; set eval.num_tasks <= {cfg.task.num_eval} or raise task.num_eval"
         )
     pf.rows.append(("held-out tasks", str(num_eval)))
+    if not pf.errors:  # the plan needs sequences that fit the context
+        _check_memory(cfg, tokenizer, lengths, pf)
     return pf
+
+
+def _check_memory(cfg, tokenizer, lengths, pf: Preflight) -> None:
+    """LoRA binding (on a meta-device model) and the memory plan, before any weights load."""
+    from reinforge.train.memory import plan_rows, plan_run
+
+    t = cfg.train
+    if t.micro_batch_size is not None:
+        meaning = (
+            "ignored, as train.micro_batch_tokens is set"
+            if t.micro_batch_tokens is not None
+            else "read as a bound: micro-batches of at most micro_batch_size x the longest "
+            "sequence tokens"
+        )
+        pf.warnings.append(
+            f"train.micro_batch_size = {t.micro_batch_size} is deprecated (micro-batches are "
+            f"packed by tokens) and is {meaning}; remove it to let the memory planner choose, "
+            "or set train.micro_batch_tokens"
+        )
+    try:
+        choice, report = plan_run(cfg, tokenizer, lengths)
+    except ConfigError as e:
+        pf.errors.append(str(e))
+        return
+    if report is not None:
+        pf.rows.append(("LoRA", report.summary()))
+    pf.rows += plan_rows(choice)
 
 
 def _check_rl_batch(cfg, pf: Preflight) -> None:
@@ -105,8 +131,6 @@ def _check_rl_batch(cfg, pf: Preflight) -> None:
             + ("; a frozen KL reference is kept" if a.uses_reference else ""),
         )
     )
-    micro = min(cfg.train.micro_batch_size, seqs)
-    pf.rows.append(("micro-batches per step", f"{-(-seqs // micro)} of <= {micro} sequences"))
     pf.rows.append(
         (
             "prompts consumed",

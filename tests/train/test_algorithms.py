@@ -30,7 +30,7 @@ def micro_cfg(*overrides: str) -> TrainConfig:
             "rollout.samples_per_prompt=8",
             "rollout.max_new_tokens=6",
             "optim.lr=1e-2",
-            "train.micro_batch_size=64",
+            "train.micro_batch_tokens=4096",
             f"run.max_steps={NUM_STEPS}",
             *overrides,
         ],

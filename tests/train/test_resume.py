@@ -1,5 +1,5 @@
 """Exact resume: a run stopped by SIGTERM and resumed logs the same metrics and ends with the
-same weights as a run that was never stopped."""
+same weights (or LoRA adapter) as a run that was never stopped."""
 
 import json
 import os
@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from safetensors.torch import load_file
 
 from reinforge.errors import ExitCode
@@ -22,7 +23,11 @@ def metrics(run_dir):
     return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
 
 
-def test_sigterm_then_resume_equals_uninterrupted(tmp_path):
+LORA = ["model.lora.rank=4", "algorithm.entropy_coef=0.01"]  # entropy: a gradient at reward 0
+
+
+@pytest.mark.parametrize("adapter", [False, True], ids=["full", "lora"])
+def test_sigterm_then_resume_equals_uninterrupted(tmp_path, adapter):
     args = [
         "train",
         f"run.output_dir={tmp_path}",
@@ -31,6 +36,7 @@ def test_sigterm_then_resume_equals_uninterrupted(tmp_path):
         "checkpoint.every=0",
         "algorithm.kl_coef=0.01",
         *TINY_RUN,
+        *(LORA if adapter else []),
     ]
     straight = cli(*args, "run.name=straight")
     assert straight.returncode == ExitCode.OK, straight.stderr
@@ -71,6 +77,7 @@ def test_sigterm_then_resume_equals_uninterrupted(tmp_path):
     resumed = cli(*args, "run.name=stopped", "--resume", str(run))
     assert resumed.returncode == ExitCode.OK, resumed.stderr
     assert metrics(run) == metrics(tmp_path / "straight")
-    a = load_file(tmp_path / "straight" / "checkpoints" / "step_000008" / "model.safetensors")
-    b = load_file(run / "checkpoints" / "step_000008" / "model.safetensors")
+    weights = "adapter_model.safetensors" if adapter else "model.safetensors"
+    a = load_file(tmp_path / "straight" / "checkpoints" / "step_000008" / weights)
+    b = load_file(run / "checkpoints" / "step_000008" / weights)
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)

@@ -53,7 +53,7 @@ def test_grpo_steps_raise_a_dense_reward(tmp_path):
             "rollout.samples_per_prompt=8",
             "rollout.max_new_tokens=6",
             "optim.lr=3e-3",
-            "train.micro_batch_size=64",
+            "train.micro_batch_tokens=4096",
             "run.max_steps=25",
             "algorithm.kl_coef=0",  # the settings this test was written for, before presets
             "algorithm.loss_aggregation=token_mean",

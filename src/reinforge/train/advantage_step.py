@@ -50,6 +50,14 @@ class StepBatch:
     returns_BT: torch.Tensor | None = None  # value targets (GAE)
 
     @property
+    def prompts(self) -> list[list[int]]:
+        return [t.prompt_ids for t in self.trajs]
+
+    @property
+    def completions(self) -> list[list[int]]:
+        return [t.completion.token_ids for t in self.trajs]
+
+    @property
     def num_tokens(self) -> float:
         return float(self.mask_BT.sum())
 

@@ -1,4 +1,8 @@
-"""Loading the policy and tokenizer, devices and dtypes, prompt rendering, padded batches."""
+"""Loading the policy and tokenizer, devices and dtypes, prompt rendering.
+
+`pad_batch` + `token_logprobs` are the plain path the trainer used before packing (`forward`):
+full [B, L, V] logits over right-padded rows. Tests keep them as the reference the packed path
+must reproduce."""
 
 from __future__ import annotations
 

@@ -1,4 +1,10 @@
-"""The trainer's one forward: per-token logprobs of completions, laid out as completion rows.
+"""The trainer's one forward: per-token logprobs of completions, through packed micro-batches.
+
+A micro-batch's sequences are packed into one row with no padding (`train.packing`: attention
+stays inside each sequence), the decoder runs once, and the LM head runs in chunks on the
+completion positions only (`train.logprobs`), so no [tokens, vocab] logits ever exist.
+`micro_batches` splits a step into micro-batches of at most `train.micro_batch_tokens` tokens,
+balanced by token count.
 
 Rows layout: row s holds sequence s's completion tokens left-aligned, zeros past its end, [S, T]
 with T the longest completion of the micro-batch. The step's per-token data (loss mask, sampler
@@ -9,73 +15,52 @@ logprobs, reference logprobs, values, advantages) are kept in the same layout fo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
-from reinforge.train.common import pad_batch
+from reinforge.train.logprobs import chunked_logprobs, lm_head_weight
+from reinforge.train.packing import PackSequence, pack_one, packed_hidden_states, plan_micro_batches
 
 
 @dataclass
 class Rows:
     logprobs_ST: torch.Tensor  # float32, with grad when the forward had it
-    entropy_ST: torch.Tensor  # float32; with grad only when asked (an entropy bonus)
-    hidden_STH: torch.Tensor | None  # final hidden states at the positions that predict each token
+    entropy_ST: torch.Tensor  # float32, with grad when the forward had it
+    valid_ST: torch.Tensor  # bool: a completion token (False past each completion's end)
+    hidden_STH: torch.Tensor | None  # final hidden states at the positions predicting each token
+
+
+def micro_batches(
+    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], max_tokens: int
+) -> list[list[int]]:
+    """Indices of the sequences in each micro-batch (each sorted), at most `max_tokens` tokens
+    per micro-batch; a sequence longer than that is a `ConfigError` naming the setting."""
+    lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
+    return plan_micro_batches(lengths, max_tokens)
 
 
 def completion_rows(
     model,
-    prompts: list[list[int]],
-    completions: list[list[int]],
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
     temperature: float,
     with_hidden: bool = False,
-    entropy_grad: bool = False,
 ) -> Rows:
-    """Logprob and entropy of each completion token under `model` (and its final hidden states
-    for a value head), as completion rows."""
+    """Logprob and entropy of each completion token under `model` (and the final hidden states
+    for a value head), as completion rows; the sequences form one packed micro-batch."""
     device = next(model.parameters()).device
-    batch = pad_batch(prompts, completions, 0, device)
-    out = model(
-        input_ids=batch.input_ids_BL,
-        attention_mask=batch.attention_mask_BL,
-        use_cache=False,
-        output_hidden_states=with_hidden,
+    seqs = [PackSequence(p, c) for p, c in zip(prompts, completions)]
+    batch = pack_one(seqs, range(len(seqs))).to(device)
+    hidden_LH = packed_hidden_states(model, batch)
+    hidden_KH = hidden_LH.index_select(0, batch.target_positions_K)
+    logprobs_K, entropy_K = chunked_logprobs(
+        hidden_KH, lm_head_weight(model), batch.targets_K, temperature
     )
-    logits_BTV = out.logits[:, :-1].float()
-    if temperature > 0 and temperature != 1.0:
-        logits_BTV = logits_BTV / temperature
-    logprobs_BTV = torch.log_softmax(logits_BTV, dim=-1)
-    chosen_BT = logprobs_BTV.gather(-1, batch.targets_BT[..., None]).squeeze(-1)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy_BT = -(logprobs_BTV.exp() * logprobs_BTV).sum(-1)
-    index_ST, valid_ST = _row_index(prompts, completions, device)
-    hidden_STH = None
-    if with_hidden:
-        hidden_BLH = out.hidden_states[-1]
-        hidden_STH = hidden_BLH.gather(1, index_ST[..., None].expand(-1, -1, hidden_BLH.shape[-1]))
     return Rows(
-        _gather(chosen_BT, index_ST, valid_ST), _gather(entropy_BT, index_ST, valid_ST), hidden_STH
+        batch.rows(logprobs_K),
+        batch.rows(entropy_K),
+        batch.rows_valid_ST,
+        hidden_KH[batch.rows_index_ST] if with_hidden else None,
     )
-
-
-def _row_index(prompts, completions, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Index into the padded [B, L-1] targets of completion token j of row s (the target at t is
-    token t + 1, so completion token j of a prompt of length p sits at p - 1 + j)."""
-    lengths_S = torch.tensor([len(c) for c in completions], device=device)
-    starts_S = torch.tensor([len(p) - 1 for p in prompts], device=device)
-    columns_T = torch.arange(int(lengths_S.max()), device=device)
-    valid_ST = columns_T[None, :] < lengths_S[:, None]
-    return torch.where(valid_ST, starts_S[:, None] + columns_T[None, :], 0), valid_ST
-
-
-def _gather(x_BT: torch.Tensor, index_ST: torch.Tensor, valid_ST: torch.Tensor) -> torch.Tensor:
-    rows_ST = x_BT.gather(1, index_ST)
-    return torch.where(valid_ST, rows_ST, torch.zeros_like(rows_ST))
-
-
-def micro_batches(num_seqs: int, micro_batch_size: int) -> list[list[int]]:
-    """Indices of the step's sequences in each micro-batch, in order."""
-    return [
-        list(range(i, min(i + micro_batch_size, num_seqs)))
-        for i in range(0, num_seqs, micro_batch_size)
-    ]

@@ -4,11 +4,14 @@ checkpoint when resuming), saved with every checkpoint.
 
 `score_with_models` is the trainer's no-grad pass before advantages: the reference's logprobs
 (when kl_coef > 0; the same numbers whether the KL goes into the loss or the rewards) and the
-value head's old values (GAE).
+value head's old values (GAE). The reference is the policy with its LoRA adapter disabled, or,
+for full fine-tuning, a frozen copy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,9 +24,14 @@ from reinforge.run import RunContext
 from reinforge.train.advantage_step import Algorithm, StepBatch
 from reinforge.train.common import load_model, model_source
 from reinforge.train.forward import completion_rows, micro_batches
-from reinforge.train.optim import build_optimizer
+from reinforge.train.optim import STATE_DTYPES, build_optimizer
+from reinforge.train.packing import select_packed_attention
+from reinforge.train.policy_model import SFT_FINAL
 from reinforge.train.session import Policy
 from reinforge.train.value import build_value_head, head_values
+
+# The KL reference's forward: `with reference() as model: ...`
+Reference = Callable[[], AbstractContextManager[torch.nn.Module]]
 
 
 @dataclass
@@ -32,7 +40,7 @@ class Learner:
     algorithm: Algorithm
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    reference: torch.nn.Module | None = None  # frozen copy of the policy as RL started
+    reference: Reference | None = None  # the policy as RL started
     value_head: ValueHead | None = None
 
     def checkpoint_state(self) -> dict:
@@ -48,7 +56,7 @@ def build_learner(
 ) -> Learner:
     a, o = cfg.algorithm, cfg.optim
     algorithm = Algorithm(a)
-    reference = load_reference(cfg, ctx, policy) if a.uses_reference else None
+    reference = reference_of(cfg, ctx, policy) if a.uses_reference else None
     value_head = build_value_head(policy.model, policy.device) if a.uses_value_model else None
     value_groups = []
     if value_head is not None:
@@ -67,6 +75,7 @@ def build_learner(
         o.schedule,
         o.min_lr_ratio,
         extra_param_groups=value_groups,
+        state_dtype=STATE_DTYPES[o.state_dtype],
     )
     learner = Learner(policy, algorithm, optimizer, scheduler, reference, value_head)
     if ckpt is not None and state.phase == "rl" and state.step > 0:
@@ -79,15 +88,21 @@ def build_learner(
     return learner
 
 
-def load_reference(cfg: TrainConfig, ctx: RunContext, policy: Policy) -> torch.nn.Module:
-    """The frozen KL reference: the policy as RL started (after any SFT stage)."""
-    sft_final = ctx.run_dir / "checkpoints" / "sft_final"
+def reference_of(cfg: TrainConfig, ctx: RunContext, policy: Policy) -> Reference:
+    """The KL reference, the policy as RL started (after any SFT stage): under LoRA the policy
+    itself with its adapter disabled (no second copy of the weights), else a frozen copy."""
+    if cfg.model.lora.rank:
+        from reinforge.train.lora import adapter_disabled
+
+        return lambda: adapter_disabled(policy.model)
+    sft_final = ctx.run_dir / "checkpoints" / SFT_FINAL
     source = str(sft_final) if sft_final.exists() else policy.source
     if not sft_final.exists() and ctx.resume:
         source = model_source(cfg.model.path, cfg.run.seed)
-    ref = load_model(source, policy.device, next(policy.model.parameters()).dtype)
-    ref.eval().requires_grad_(False)
-    return ref
+    frozen = load_model(source, policy.device, next(policy.model.parameters()).dtype)
+    frozen.eval().requires_grad_(False)
+    select_packed_attention(frozen, "auto")
+    return lambda: nullcontext(frozen)
 
 
 @torch.no_grad()
@@ -101,11 +116,12 @@ def score_with_models(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> N
         batch.ref_BT = torch.zeros(shape, device=batch.mask_BT.device)
     if learner.value_head is not None:
         batch.old_values_BT = torch.zeros(shape, device=batch.mask_BT.device)
-    for idx in micro_batches(len(batch.trajs), cfg.train.micro_batch_size):
-        prompts = [batch.trajs[i].prompt_ids for i in idx]
-        completions = [batch.trajs[i].completion.token_ids for i in idx]
-        if batch.ref_BT is not None:
-            rows = completion_rows(learner.reference, prompts, completions, temperature)
+    for idx in micro_batches(batch.prompts, batch.completions, cfg.train.micro_batch_tokens):
+        prompts = [batch.prompts[i] for i in idx]
+        completions = [batch.completions[i] for i in idx]
+        if learner.reference is not None:
+            with learner.reference() as reference:
+                rows = completion_rows(reference, prompts, completions, temperature)
             batch.ref_BT[idx, : rows.logprobs_ST.shape[1]] = rows.logprobs_ST
         if batch.old_values_BT is not None:
             rows = completion_rows(

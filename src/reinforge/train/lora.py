@@ -79,6 +79,22 @@ def apply_lora(
     return peft_model, report
 
 
+def bind_on_meta(
+    source: str,
+    rank: int,
+    alpha: float,
+    dropout: float,
+    target_modules: str | Sequence[str] = ALL_LINEAR,
+) -> LoraReport:
+    """What `apply_lora` would bind on the model at `source`, from its config alone (a meta-device
+    copy: no weights are read or allocated). Raises the same `ConfigError` for zero binding."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source))
+    return apply_lora(model, rank, alpha, dropout, target_modules)[1]
+
+
 def check_settings(rank: int, alpha: float, dropout: float) -> None:
     if rank < 1:
         raise ConfigError(

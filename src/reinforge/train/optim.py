@@ -1,10 +1,18 @@
-"""AdamW with linear warmup and a constant, cosine or linear schedule."""
+"""AdamW with linear warmup and a constant, cosine or linear schedule.
+
+The moment estimates have the dtype `optim.state_dtype` asks for. Where it is every trainable
+parameter's own dtype (float32 on a CPU) this is `torch.optim.AdamW`; otherwise `MixedAdamW`:
+float32 states for bfloat16 weights (each step computed in float32, rounded once into the
+weight), or bfloat16 states to halve their memory. The memory planner counts the same bytes.
+"""
 
 from __future__ import annotations
 
 import math
 
 import torch
+
+STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def lr_factor(
@@ -34,6 +42,7 @@ def build_optimizer(
     schedule: str,
     min_ratio: float,
     extra_param_groups: list[dict] = (),
+    state_dtype: torch.dtype = torch.float32,
 ):
     """AdamW over the model's trainable parameters (no decay on vectors), plus any extra groups
     (e.g. a value head with its own lr); one schedule scales every group's lr."""
@@ -41,17 +50,64 @@ def build_optimizer(
     assert params, "no trainable parameters"
     decay = [p for p in params if p.ndim >= 2]
     no_decay = [p for p in params if p.ndim < 2]
-    optimizer = torch.optim.AdamW(
-        [
-            {"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
-            *extra_param_groups,
-        ],
-        lr=lr,
-        betas=tuple(betas),
-        eps=eps,
-    )
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+        *extra_param_groups,
+    ]
+    all_params = [p for g in groups for p in g["params"]]
+    if all(p.dtype == state_dtype for p in all_params):
+        optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
+    else:
+        optimizer = MixedAdamW(groups, lr=lr, betas=tuple(betas), eps=eps, state_dtype=state_dtype)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, warmup_steps, total_steps, schedule, min_ratio)
     )
     return optimizer, scheduler
+
+
+class MixedAdamW(torch.optim.Optimizer):
+    """`torch.optim.AdamW`'s update (decoupled weight decay, bias correction) with moment
+    estimates in `state_dtype` whatever the parameters' dtype; the arithmetic runs in float32."""
+
+    def __init__(self, params, lr: float, betas, eps: float, state_dtype: torch.dtype):
+        super().__init__(params, {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": 0.0})
+        self.state_dtype = state_dtype
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        assert closure is None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            lr, eps, weight_decay = group["lr"], group["eps"], group["weight_decay"]
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                state = self.state[param]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(param, dtype=self.state_dtype)
+                    state["exp_avg_sq"] = torch.zeros_like(param, dtype=self.state_dtype)
+                state["step"] += 1
+                step = float(state["step"])
+                grad = param.grad.float()
+                exp_avg = state["exp_avg"].float().lerp_(grad, 1.0 - beta1)
+                exp_avg_sq = state["exp_avg_sq"].float().mul_(beta2)
+                exp_avg_sq.addcmul_(grad, grad, value=1.0 - beta2)
+                state["exp_avg"].copy_(exp_avg)
+                state["exp_avg_sq"].copy_(exp_avg_sq)
+                denom = (exp_avg_sq.sqrt() / math.sqrt(1.0 - beta2**step)).add_(eps)
+                updated = param.float().mul_(1.0 - lr * weight_decay)
+                updated.addcdiv_(exp_avg, denom, value=-lr / (1.0 - beta1**step))
+                param.copy_(updated)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """As `Optimizer.load_state_dict`, which casts every state to its parameter's dtype; the
+        moments go back to `state_dtype` from the saved values, not from that cast."""
+        params = [p for g in self.param_groups for p in g["params"]]
+        super().load_state_dict(state_dict)
+        for index, saved in state_dict["state"].items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                self.state[params[index]][key] = saved[key].to(
+                    device=params[index].device, dtype=self.state_dtype
+                )

@@ -22,14 +22,10 @@ from reinforge.engine.simple import SimpleEngine
 from reinforge.eval import EvalResult, evaluate
 from reinforge.metrics import MetricsLogger, console
 from reinforge.run import RunContext, Stopped
-from reinforge.train.common import (
-    load_model,
-    load_tokenizer,
-    model_source,
-    resolve_device,
-    resolve_dtype,
-)
-from reinforge.train.optim import build_optimizer
+from reinforge.train.common import load_tokenizer, model_source, resolve_device, resolve_dtype
+from reinforge.train.memory import plan_run, probe_lengths, resolve_memory
+from reinforge.train.optim import STATE_DTYPES, build_optimizer
+from reinforge.train.policy_model import SFT_FINAL, attach_adapter, build_model, merge_adapter
 from reinforge.train.sft import sft_examples, sft_step
 
 PHASE_RANK = {"sft": 0, "rl": 1}
@@ -45,18 +41,25 @@ class Policy:
 
 
 def load_policy(cfg, ctx: RunContext) -> tuple[Policy, TrainerState, Path | None]:
+    """The policy (fresh, or from the run's latest checkpoint), after the memory plan has set
+    `train.micro_batch_tokens` and `model.gradient_checkpointing` in `cfg`."""
     if cfg.run.num_threads:
         torch.set_num_threads(cfg.run.num_threads)
     torch.manual_seed(cfg.run.seed)
     device = resolve_device(cfg.run.device)
     dtype = resolve_dtype(cfg.run.dtype, device)
     ckpt = latest_checkpoint(ctx.run_dir) if ctx.resume else None
-    if ckpt is not None:
-        source, state = str(ckpt), load_trainer_state(ckpt)
-    else:
-        source, state = model_source(cfg.model.path, cfg.run.seed), TrainerState("rl", 0, 0)
-    tokenizer = load_tokenizer(str(ckpt) if ckpt else (cfg.model.tokenizer or source))
-    model = load_model(source, device, dtype, cfg.model.gradient_checkpointing)
+    state = load_trainer_state(ckpt) if ckpt is not None else TrainerState("rl", 0, 0)
+    base = model_source(cfg.model.path, cfg.run.seed)
+    tokenizer = load_tokenizer(str(ckpt) if ckpt else (cfg.model.tokenizer or base))
+    choice, _ = plan_run(cfg, tokenizer, probe_lengths(cfg, tokenizer), state.micro_batch_tokens)
+    resolve_memory(cfg, choice)
+    state.micro_batch_tokens = choice.micro_batch_tokens
+    console.print(
+        f"memory: micro-batches of <= {choice.micro_batch_tokens} tokens, gradient "
+        f"checkpointing {'on' if choice.gradient_checkpointing else 'off'} ({choice.budget_note})"
+    )
+    model, source = build_model(cfg, ctx.run_dir, ckpt, state, device, dtype)
     return Policy(model, tokenizer, SimpleEngine(model, tokenizer), device, source), state, ckpt
 
 
@@ -133,12 +136,13 @@ def sft_phase(
         total_steps,
         "cosine",
         0.1,
+        state_dtype=STATE_DTYPES[o.state_dtype],
     )
     if state.phase == "sft" and state.step > 0:
         assert ckpt is not None
         load_optimizer(ckpt, optimizer, scheduler)
     else:
-        state = TrainerState("sft", 0, state.data_position)
+        state = TrainerState("sft", 0, state.data_position, False, state.micro_batch_tokens)
     every = max(total_steps // 10, 1)
     for step in range(state.step + 1, total_steps + 1):
         prompts, responses = sft_examples(
@@ -153,7 +157,7 @@ def sft_phase(
             prompts,
             responses,
             o.max_grad_norm,
-            micro_batch_size=s.batch_size,
+            micro_batch_tokens=cfg.train.micro_batch_tokens,
         )
         state.step = step
         logger.log(step, metrics, phase="sft")
@@ -164,13 +168,26 @@ def sft_phase(
         if ctx.should_stop and step < total_steps:
             path = save(ctx, f"sft_step_{step:06d}", policy, optimizer, scheduler, state)
             raise Stopped(ctx.stop_signal or "signal", path)
-    state = TrainerState("rl", 0, state.data_position, sft_done=True)
-    save(ctx, "sft_final", policy, None, None, state)
+    state = TrainerState("rl", 0, state.data_position, True, state.micro_batch_tokens)
+    save_sft_final(cfg, ctx, policy, state)
     for stale in checkpoints_dir(ctx.run_dir).glob("sft_step_*"):
         import shutil
 
         shutil.rmtree(stale, ignore_errors=True)
     return state
+
+
+def save_sft_final(cfg, ctx: RunContext, policy: Policy, state: TrainerState) -> None:
+    """Save the SFT result, where RL starts (and its KL reference). With LoRA the SFT adapter is
+    merged into the weights first, and RL gets a fresh adapter on top of them."""
+    if not cfg.model.lora.rank:
+        save(ctx, SFT_FINAL, policy, None, None, state)
+        return
+    policy.model = merge_adapter(policy.model)
+    path = save(ctx, SFT_FINAL, policy, None, None, state)
+    policy.model = attach_adapter(cfg, policy.model)
+    policy.engine = SimpleEngine(policy.model, policy.tokenizer)
+    policy.source = str(path)
 
 
 def first_eval_from_log(run_dir: Path, key: str = "eval_accuracy") -> float | None:

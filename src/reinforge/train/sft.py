@@ -10,7 +10,8 @@ import time
 
 import torch
 
-from reinforge.train.common import eos_ids, pad_batch, render_prompt, token_logprobs
+from reinforge.train.common import eos_ids, render_prompt
+from reinforge.train.forward import completion_rows, micro_batches
 
 
 def sft_examples(
@@ -35,22 +36,23 @@ def sft_step(
     prompts,
     responses,
     max_grad_norm: float,
-    micro_batch_size: int,
+    micro_batch_tokens: int | None = None,
+    micro_batch_size: int | None = None,
 ) -> dict[str, float]:
+    """One optimizer step: token-mean negative log-likelihood of the responses over the whole
+    batch, in packed micro-batches of at most `micro_batch_tokens` tokens (default: the whole
+    batch at once; `micro_batch_size` sequences' worth of the longest one, the older way to say
+    it)."""
     start = time.perf_counter()
-    device = next(model.parameters()).device
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    if micro_batch_tokens is None:
+        micro_batch_tokens = max(lengths) * micro_batch_size if micro_batch_size else sum(lengths)
     num_tokens = float(sum(len(r) for r in responses))
     total_loss = 0.0
     optimizer.zero_grad(set_to_none=True)
-    for i in range(0, len(prompts), micro_batch_size):
-        batch = pad_batch(
-            prompts[i : i + micro_batch_size],
-            responses[i : i + micro_batch_size],
-            tokenizer.pad_token_id,
-            device,
-        )
-        logprobs_BT, _ = token_logprobs(model, batch)
-        loss = -(logprobs_BT * batch.mask_BT).sum() / num_tokens  # token mean over the whole step
+    for idx in micro_batches(prompts, responses, micro_batch_tokens):
+        rows = completion_rows(model, [prompts[i] for i in idx], [responses[i] for i in idx], 1.0)
+        loss = -rows.logprobs_ST.sum() / num_tokens  # token mean over the whole step
         loss.backward()
         total_loss += loss.item()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)

@@ -1,5 +1,5 @@
-"""One optimizer step on the step's batch: micro-batches of the policy loss (and the value loss),
-gradient accumulation, clipping, the step.
+"""One optimizer step on the step's batch: packed micro-batches of the policy loss (and the value
+loss), gradient accumulation, clipping, the step.
 
 Every micro-batch's loss is already divided by the whole step's token and sequence counts
 (`algorithms.losses`), so the accumulated gradient is the configured aggregate whatever the
@@ -27,7 +27,7 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
     optimizer = learner.optimizer
     totals: dict[str, float] = {}
     optimizer.zero_grad(set_to_none=True)
-    for idx in micro_batches(len(batch.trajs), cfg.train.micro_batch_size):
+    for idx in micro_batches(batch.prompts, batch.completions, cfg.train.micro_batch_tokens):
         for key, value in micro_step(cfg, learner, batch, idx).items():
             totals[key] = totals.get(key, 0.0) + float(value)
     totals.update(optimizer_step(cfg, learner))
@@ -41,11 +41,10 @@ def micro_step(
     a, algorithm = cfg.algorithm, learner.algorithm
     rows = completion_rows(
         learner.policy.model,
-        [batch.trajs[i].prompt_ids for i in idx],
-        [batch.trajs[i].completion.token_ids for i in idx],
+        [batch.prompts[i] for i in idx],
+        [batch.completions[i] for i in idx],
         cfg.rollout.temperature or 1.0,
         with_hidden=learner.value_head is not None,
-        entropy_grad=a.entropy_coef > 0,
     )
     width = rows.logprobs_ST.shape[1]
     device = rows.logprobs_ST.device

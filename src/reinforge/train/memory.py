@@ -1,0 +1,245 @@
+"""The run's memory plan, made before any weights load: what the planner (`train.planner`) is told,
+the budget it plans in, and the two choices the trainer takes from it.
+
+- Budget: on CUDA the device's free memory now; on a CPU the machine's available RAM (Linux
+  `MemAvailable`), where weights, activations and optimizer states live alike. Where neither can
+  be read no plan is made: the trainer uses `DEFAULT_MICRO_TOKENS` and no checkpointing, and the
+  plan says why.
+- Choices: `train.micro_batch_tokens` and `model.gradient_checkpointing` when the config leaves
+  them unset / "auto". Set values are planned with as given, and refused (naming what fits) when
+  they cannot fit. `resolve_memory` writes the choices into the config, so the rest of the run
+  reads concrete values.
+- Caps: packed micro-batches on a CPU attend through a block-diagonal [L, L] mask, whose cost
+  grows with L^2 while the planner models flash-style attention, so on a CPU a chosen budget is
+  capped at `CPU_MAX_MICRO_TOKENS`; the deprecated `train.micro_batch_size` caps it at that many
+  full-length sequences. Neither cap goes below one full sequence.
+- The planner is told the AdamW state dtype (`optim.state_dtype`), the weight dtype, and for LoRA
+  the exact trainable parameter count (`train.lora.bind_on_meta`, which also refuses an adapter
+  that binds nothing, before any weights load).
+- Resume: a run's micro-batch budget is saved in its checkpoints (`TrainerState`) and reused, so a
+  resumed run splits its steps into the same micro-batches and stays exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from reinforge.errors import ConfigError
+from reinforge.train.planner import (
+    ModelShape,
+    Plan,
+    PlanInputs,
+    format_bytes,
+    free_device_memory,
+    plan_memory,
+)
+
+# Forward + backward of the quickstart's step (tiny model, 256 sequences of 17-32 tokens, one CPU
+# thread): padded, one batch 2.03 s; packed micro-batches of 256 tokens 1.44 s, 512: 1.67 s,
+# 1024: 1.89 s, 2048: 2.69 s, 8192: 6.87 s, where the [L, L] attention of one row dominates.
+CPU_MAX_MICRO_TOKENS = 512
+DEFAULT_MICRO_TOKENS = 8192
+NUM_TRAIN_PROMPTS_PROBED = 512
+REQUIRED_CONFIG_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "vocab_size",
+)
+
+
+@dataclass(frozen=True)
+class MemoryChoice:
+    micro_batch_tokens: int
+    gradient_checkpointing: bool
+    plan: Plan | None
+    budget_note: str  # where the budget came from, or why there is no plan
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one optimizer step holds: prompts x samples sequences of prompt + response tokens."""
+
+    prompt_len: int
+    response_len: int
+    samples_per_prompt: int
+    prompts_per_step: int
+    sft_response_len: int = 0  # an SFT stage's longest solution, when there is one
+
+    @property
+    def max_seq_len(self) -> int:
+        """The longest sequence any phase packs: no micro-batch budget may be shorter."""
+        return self.prompt_len + max(self.response_len, self.sft_response_len)
+
+
+def choose_memory(
+    cfg,
+    model_config: dict,
+    device,
+    dtype_bytes: int,
+    work: Workload,
+    lora_trainable_params: int | None = None,
+    resumed_micro_tokens: int | None = None,
+) -> MemoryChoice:
+    """The plan for this run (raises `ConfigError` when it cannot fit: before any load)."""
+    t, checkpointing = cfg.train, cfg.model.gradient_checkpointing
+    micro_tokens = t.micro_batch_tokens or resumed_micro_tokens
+    forced_checkpointing = None if checkpointing == "auto" else bool(checkpointing)
+    free, budget_note = memory_budget(device)
+    missing = [k for k in REQUIRED_CONFIG_KEYS if k not in model_config]
+    if free is None or missing:
+        note = budget_note if free is None else f"the planner does not know this model ({missing})"
+        tokens = micro_tokens or _capped(cfg, DEFAULT_MICRO_TOKENS, device, work)
+        return MemoryChoice(
+            max(tokens, work.max_seq_len), bool(forced_checkpointing), None, f"no plan: {note}"
+        )
+    rank = cfg.model.lora.rank or None
+    plan = plan_memory(
+        PlanInputs(
+            free_bytes=free,
+            model=ModelShape.from_hf_config(model_config, dtype_bytes),
+            prompt_len=work.prompt_len,
+            response_len=work.response_len,
+            samples_per_prompt=work.samples_per_prompt,
+            prompts_per_step=work.prompts_per_step,
+            lora_rank=rank,
+            lora_trainable_params=lora_trainable_params if rank else None,
+            optimizer={"float32": "adamw_fp32", "bfloat16": "adamw_bf16"}[cfg.optim.state_dtype],
+            micro_batch_tokens=micro_tokens,
+            gradient_checkpointing=forced_checkpointing,
+        )
+    )
+    tokens = micro_tokens or _capped(cfg, plan.micro_batch_tokens, device, work)
+    if tokens < work.max_seq_len:
+        raise ConfigError(
+            f"train.micro_batch_tokens = {tokens} is shorter than the longest SFT sequence "
+            f"({work.max_seq_len} tokens); use train.micro_batch_tokens >= {work.max_seq_len}"
+        )
+    return MemoryChoice(tokens, plan.gradient_checkpointing, plan, budget_note)
+
+
+def _capped(cfg, tokens: int, device, work: Workload) -> int:
+    """A chosen budget under the CPU cap and the deprecated `train.micro_batch_size` (read as an
+    upper bound of that many full-length sequences), never below one full sequence."""
+    if str(device).startswith("cpu"):
+        tokens = min(tokens, CPU_MAX_MICRO_TOKENS)
+    if cfg.train.micro_batch_size is not None:
+        tokens = min(tokens, cfg.train.micro_batch_size * work.max_seq_len)
+    return max(tokens, work.max_seq_len)
+
+
+def memory_budget(device) -> tuple[int | None, str]:
+    """(bytes to plan in, where they came from); None where it cannot be read."""
+    if str(device).startswith("cuda"):
+        free = free_device_memory(str(device))
+        return free, f"free memory of {device}: {format_bytes(free)}" if free else "CUDA unreadable"
+    available = available_ram()
+    if available is None:
+        return None, "available RAM cannot be read on this system"
+    return available, f"available RAM (CPU training): {format_bytes(available)}"
+
+
+def available_ram() -> int | None:
+    meminfo = Path("/proc/meminfo")
+    if not meminfo.exists():
+        return None
+    for line in meminfo.read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def workload(cfg, prompt_len: int, longest_solution: int) -> Workload:
+    """The step shape: RL's rollout for `reinforge train`, the SFT batch for `reinforge sft`."""
+    rollout = getattr(cfg, "rollout", None)
+    if rollout is not None:
+        return Workload(
+            prompt_len,
+            rollout.max_new_tokens,
+            rollout.samples_per_prompt,
+            rollout.prompts_per_step,
+            longest_solution if cfg.sft.steps else 0,
+        )
+    return Workload(prompt_len, longest_solution, 1, cfg.sft.batch_size)
+
+
+def resolve_memory(cfg, choice: MemoryChoice) -> None:
+    """Write the plan's choices into the config: the run reads concrete values from here on."""
+    cfg.train.micro_batch_tokens = choice.micro_batch_tokens
+    cfg.model.gradient_checkpointing = choice.gradient_checkpointing
+
+
+@dataclass(frozen=True)
+class Lengths:
+    longest_prompt: int
+    longest_solution: int  # reference solution + EOS (what SFT trains on); 0 without solutions
+    num_probed: int
+
+
+def probe_lengths(cfg, tokenizer) -> Lengths:
+    """Token lengths over the held-out tasks and the first `NUM_TRAIN_PROMPTS_PROBED` training
+    tasks."""
+    from reinforge.tasks import build_task_source
+    from reinforge.train.common import eos_ids, render_prompt
+
+    tasks = build_task_source(cfg.task)
+    probe = tasks.eval_tasks() + [tasks.train_task(i) for i in range(NUM_TRAIN_PROMPTS_PROBED)]
+    solutions = [t.solution for t in probe if t.solution is not None]
+    return Lengths(
+        max(len(render_prompt(tokenizer, t.messages)) for t in probe),
+        max((len(tokenizer.encode(s, add_special_tokens=False)) for s in solutions), default=0)
+        + len(eos_ids(tokenizer)),
+        len(probe),
+    )
+
+
+def plan_run(cfg, tokenizer, lengths: Lengths, resumed_micro_tokens: int | None = None):
+    """(MemoryChoice, LoraReport or None) for `cfg`, from the model's config.json alone."""
+    from transformers import AutoConfig
+
+    from reinforge.train.common import model_source, resolve_device, resolve_dtype
+    from reinforge.train.lora import bind_on_meta
+
+    source = model_source(cfg.model.path, cfg.run.seed)
+    device = resolve_device(cfg.run.device)
+    dtype_bytes = resolve_dtype(cfg.run.dtype, device).itemsize
+    lora = cfg.model.lora
+    report = None
+    if lora.rank:
+        report = bind_on_meta(
+            source, lora.rank, lora_alpha(lora), lora.dropout, lora.target_modules
+        )
+    choice = choose_memory(
+        cfg,
+        AutoConfig.from_pretrained(source).to_dict(),
+        device,
+        dtype_bytes,
+        workload(cfg, lengths.longest_prompt, lengths.longest_solution),
+        report.num_trainable_params if report else None,
+        resumed_micro_tokens,
+    )
+    return choice, report
+
+
+def lora_alpha(lora) -> float:
+    return lora.alpha if lora.alpha is not None else 2.0 * lora.rank
+
+
+def plan_rows(choice: MemoryChoice) -> list[tuple[str, str]]:
+    """Preflight rows: the budget, the choices, and the planner's table."""
+    tokens = str(choice.micro_batch_tokens)
+    if choice.plan is not None and choice.plan.micro_batch_tokens != choice.micro_batch_tokens:
+        tokens += f" (the planner's {choice.plan.micro_batch_tokens}, capped: see train.memory)"
+    rows = [
+        ("memory budget", choice.budget_note),
+        ("micro-batch tokens", tokens),
+        ("gradient checkpointing", "on" if choice.gradient_checkpointing else "off"),
+    ]
+    if choice.plan is not None:
+        rows += [
+            (f"plan: {item}", f"{format_bytes(size)} {note}".rstrip())
+            for item, size, note in choice.plan.rows
+        ]
+    return rows

@@ -1,0 +1,179 @@
+"""The trainer's fast path against the plain one: packed micro-batches with the chunked LM head
+give update_policy the gradient that one padded batch through the model's own logits gives;
+SFT's packed step does not depend on the micro-batch budget; AdamW's state dtype."""
+
+import pytest
+import torch
+
+from reinforge.algorithms.losses import LossInputs, PolicyLossSettings, ppo_clip_loss
+from reinforge.config import TrainConfig, load_config
+from reinforge.train import rl
+from reinforge.train.advantage_step import assign_advantages, build_step_batch
+from reinforge.train.common import pad_batch
+from reinforge.train.optim import MixedAdamW, build_optimizer
+from reinforge.train.sft import sft_step
+from reinforge.train.update import update_policy
+
+from .test_rl_loop import DigitTasks, make_learner, make_policy
+
+TEMPERATURE = 0.7
+ENTROPY_COEF = 0.01
+
+
+class RecordingSGD(torch.optim.SGD):
+    """Records the gradient the step was given, and does not move the weights."""
+
+    def step(self, closure=None):
+        self.grads = [p.grad.detach().clone() for g in self.param_groups for p in g["params"]]
+
+
+def padded_rows(model, batch):
+    """Logprobs and entropy of every completion token from one padded batch through the model's
+    own logits (the path packing replaced), as completion rows."""
+    padded = pad_batch(batch.prompts, batch.completions, 0, "cpu")
+    logits = model(input_ids=padded.input_ids_BL, attention_mask=padded.attention_mask_BL).logits
+    logprobs_BTV = torch.log_softmax(logits[:, :-1].float() / TEMPERATURE, dim=-1)
+    chosen_BT = logprobs_BTV.gather(-1, padded.targets_BT[..., None])[..., 0]
+    entropy_BT = -(logprobs_BTV.exp() * logprobs_BTV).sum(-1)
+    width = batch.mask_BT.shape[1]
+    index_BT = torch.tensor([len(p) - 1 for p in batch.prompts])[:, None] + torch.arange(width)
+    index_BT = index_BT.clamp(max=chosen_BT.shape[1] - 1)
+    mask_BT = batch.mask_BT
+    return chosen_BT.gather(1, index_BT) * mask_BT, entropy_BT.gather(1, index_BT) * mask_BT
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+def test_packed_update_has_the_padded_gradient(aggregation, tmp_path):
+    cfg = load_config(
+        TrainConfig,
+        None,
+        [
+            "model.path=builtin:micro",
+            "rollout.prompts_per_step=4",
+            "rollout.samples_per_prompt=4",
+            "rollout.max_new_tokens=6",
+            f"rollout.temperature={TEMPERATURE}",
+            "algorithm.kl_coef=0",
+            f"algorithm.entropy_coef={ENTROPY_COEF}",
+            f"algorithm.loss_aggregation={aggregation}",
+            "optim.max_grad_norm=1e9",  # no clipping: compare raw gradients
+            "train.micro_batch_tokens=64",  # several packed micro-batches
+        ],
+    )
+    policy = make_policy(cfg)
+    learner = make_learner(cfg, tmp_path, policy)
+    learner.optimizer = RecordingSGD(learner.policy.model.parameters(), lr=0.0)
+    learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda s: 1.0)
+    tasks = DigitTasks(cfg.task)
+    groups = rl.rollout(cfg, policy, [tasks.train_task(i) for i in range(4)], seed=5)
+    rl.score(groups, tasks)
+    batch = build_step_batch(groups, cfg.algorithm, policy.device)
+    assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
+    assert len({t.advantage for t in batch.trajs}) > 2
+    from reinforge.train.forward import micro_batches
+
+    assert len(micro_batches(batch.prompts, batch.completions, 64)) >= 3
+
+    update_policy(cfg, learner, batch)
+    packed_grads = learner.optimizer.grads
+
+    model = make_policy(cfg).model  # the same initial weights, the plain path
+    logprobs_BT, entropy_BT = padded_rows(model, batch)
+    loss, _ = ppo_clip_loss(
+        LossInputs(
+            logprobs_BT=logprobs_BT,
+            old_logprobs_BT=logprobs_BT.detach(),
+            advantages_B=batch.advantages,
+            mask_BT=batch.mask_BT,
+            num_tokens_total=batch.num_tokens,
+            num_seqs_total=batch.num_seqs,
+            entropy_BT=entropy_BT,
+        ),
+        PolicyLossSettings(aggregation=aggregation, kl_coef=0.0, entropy_coef=ENTROPY_COEF),
+    )
+    loss.backward()
+    for (name, param), packed in zip(model.named_parameters(), packed_grads):
+        torch.testing.assert_close(packed, param.grad, atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_sft_step_gradient_does_not_depend_on_the_micro_batch_budget():
+    cfg = load_config(TrainConfig, None, ["model.path=builtin:micro"])
+    grads = []
+    for budget in (None, 24):
+        policy = make_policy(cfg)
+        optimizer = RecordingSGD(policy.model.parameters(), lr=0.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+        prompts = [[5, 6, 7, 8], [9, 10], [11, 12, 13], [14, 15, 16, 17, 18]]
+        responses = [[20, 21, 22], [23], [24, 25, 26, 27], [28, 29]]
+        metrics = sft_step(
+            policy.model, None, optimizer, scheduler, prompts, responses, 1e9, budget
+        )
+        grads.append((metrics["loss"], optimizer.grads))
+    assert grads[0][0] == pytest.approx(grads[1][0], rel=1e-6)
+    for whole, split in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(whole, split, atol=1e-6, rtol=1e-5)
+
+
+def test_mixed_adamw_matches_torch_and_keeps_float32_states():
+    gen = torch.Generator().manual_seed(0)
+    start = torch.randn(8, 4, generator=gen)
+    grads = [torch.randn(8, 4, generator=gen) for _ in range(3)]
+    ours = torch.nn.Parameter(start.clone())
+    theirs = torch.nn.Parameter(start.clone())
+    mixed = MixedAdamW(
+        [{"params": [ours], "weight_decay": 0.1}], 1e-2, (0.9, 0.99), 1e-8, torch.float32
+    )
+    plain = torch.optim.AdamW(
+        [theirs], lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, foreach=False
+    )
+    for grad in grads:
+        ours.grad, theirs.grad = grad.clone(), grad.clone()
+        mixed.step()
+        plain.step()
+    torch.testing.assert_close(ours.data, theirs.data, atol=1e-7, rtol=1e-6)
+
+    weights = torch.nn.Linear(4, 8, bias=False).to(torch.bfloat16)
+    optimizer, _ = build_optimizer(weights, 1e-2, (0.9, 0.99), 1e-8, 0.0, 0, 10, "constant", 1.0)
+    assert isinstance(optimizer, MixedAdamW)  # bfloat16 weights, float32 states by default
+    reference = torch.nn.Parameter(weights.weight.detach().float())
+    reference_opt = torch.optim.AdamW(
+        [reference], lr=1e-2, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.0, foreach=False
+    )
+    weights.weight.grad = grads[0].to(torch.bfloat16)
+    reference.grad = weights.weight.grad.float()
+    optimizer.step()
+    reference_opt.step()
+    state = optimizer.state[weights.weight]
+    assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.float32
+    assert torch.equal(weights.weight.data, reference.data.to(torch.bfloat16))
+    # resume keeps the float32 moments (torch's load_state_dict would cast them to bfloat16)
+    again, _ = build_optimizer(weights, 1e-2, (0.9, 0.99), 1e-8, 0.0, 0, 10, "constant", 1.0)
+    again.load_state_dict(optimizer.state_dict())
+    moved = again.state[weights.weight]["exp_avg"]
+    assert moved.dtype == torch.float32 and torch.equal(moved, state["exp_avg"])
+
+    halved, _ = build_optimizer(
+        weights, 1e-2, (0.9, 0.99), 1e-8, 0.0, 0, 10, "constant", 1.0, state_dtype=torch.bfloat16
+    )
+    assert isinstance(halved, torch.optim.AdamW)  # state dtype = weight dtype: torch's own
+
+
+@pytest.mark.slow
+def test_compiled_decoder_layers_give_the_same_logprobs_and_gradients():
+    """`train.compile`: the packed forward and backward through compiled layers (CPU inductor)."""
+    from reinforge.train.forward import completion_rows
+    from reinforge.train.policy_model import compile_layers
+
+    cfg = load_config(TrainConfig, None, ["model.path=builtin:micro"])
+    prompts, completions = [[5, 6, 7, 8], [9, 10, 11]], [[20, 21, 22], [23, 24]]
+    results = []
+    for is_compiled in (False, True):
+        model = make_policy(cfg).model
+        if is_compiled:
+            compile_layers(model)
+        rows = completion_rows(model, prompts, completions, TEMPERATURE)
+        rows.logprobs_ST.sum().backward()
+        results.append((rows.logprobs_ST.detach(), [p.grad for p in model.parameters()]))
+    torch.testing.assert_close(results[1][0], results[0][0], atol=1e-5, rtol=1e-5)
+    for compiled, plain in zip(results[1][1], results[0][1]):
+        torch.testing.assert_close(compiled, plain, atol=1e-5, rtol=1e-4)
