@@ -2,7 +2,11 @@
 
 import json
 
+import pytest
+
+from reinforge.cli import main
 from reinforge.doctor import FAIL, run_doctor
+from reinforge.errors import ExitCode
 from reinforge.report import build_report
 
 from .conftest import REPO, TINY_RUN, cli
@@ -34,7 +38,38 @@ def test_report_of_finished_and_stopped_runs(tmp_path):
     data["step"] = 1
     state.write_text(json.dumps(data))
     report = build_report(tmp_path / "r")
-    assert report.status.startswith("stopped at step 1") and "--resume" in report.resume_command
+    assert report.status.startswith("stopped at RL step 1") and "--resume" in report.resume_command
     (tmp_path / "r" / "error.txt").write_text("Traceback ...\nRuntimeError: boom\n")
     report = build_report(tmp_path / "r")
-    assert report.status == "failed" and report.last_error == "RuntimeError: boom"
+    assert (
+        report.status == "failed: RuntimeError: boom" and report.last_error == "RuntimeError: boom"
+    )
+    assert (
+        report.resume_command
+        == f"reinforge train {tmp_path / 'r' / 'config.toml'} --resume {tmp_path / 'r'}"
+    )
+
+
+def test_doctor_command_prints_a_table_a_verdict_and_a_distinct_exit_code(capsys):
+    assert main(["doctor", str(REPO / "configs" / "quickstart.toml"), "--no-smoke"]) == 0
+    out = capsys.readouterr().out
+    assert "reinforge doctor" in out and "free disk at runs" in out and "verdict: ready" in out
+    # the machine is fine, the config is not: a configuration error, naming what fails
+    assert main(["doctor", "rollout.max_new_tokens=600", "--no-smoke"]) == ExitCode.CONFIG_ERROR
+    out = capsys.readouterr().out
+    assert (
+        "verdict: NOT ready: this machine cannot run this config (preflight)" in out
+        and "exceeds the model context" in out
+    )
+
+
+def test_report_command_on_a_folder_that_is_not_a_run(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == ExitCode.CONFIG_ERROR
+    assert "is not a run directory" in capsys.readouterr().err
+
+
+def test_exit_codes_are_documented_in_help(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert all(f"  {int(code)}  " in out for code in ExitCode)

@@ -12,7 +12,10 @@ import sys, time
 from pathlib import Path
 from reinforge.watchdog import Watchdog
 saved = []
-wd = Watchdog(timeout_s=1.0, run_dir=Path(sys.argv[1]), on_hang=lambda phase: Path(sys.argv[1], "saved").write_text(phase)).start()
+def on_hang(phase):
+    Path(sys.argv[1], "saved").write_text(phase)
+    return f"saved in {phase}"
+wd = Watchdog(timeout_s=1.0, run_dir=Path(sys.argv[1]), on_hang=on_hang).start()
 for _ in range(3):
     wd.beat("training"); time.sleep(0.2)
 def score_reward_that_hangs():
@@ -34,6 +37,9 @@ def test_hang_is_caught_with_stacks_and_exit_code(tmp_path):
     assert "phase 'reward'" in out.stderr and "score_reward_that_hangs" in out.stderr
     assert "score_reward_that_hangs" in (tmp_path / "hang.txt").read_text()
     assert (tmp_path / "saved").read_text() == "reward"
+    assert (
+        "saved in reward" in out.stderr and "saved in reward" in (tmp_path / "hang.txt").read_text()
+    )
 
 
 def test_beating_process_is_not_killed():

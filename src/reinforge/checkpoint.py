@@ -3,9 +3,21 @@
 A checkpoint folder is a loadable HF checkpoint (config, safetensors weights, tokenizer) plus
 `optimizer.pt` (optimizer and schedule), `rng.pt` (every RNG state), `trainer_state.json`
 (phase, step, data position) and, when the trainer has any, `algorithm_state.pt` (state beyond
-the model and optimizer: a value head, an EMA baseline). It is written under a temporary name and renamed into place; the
-`latest` pointer is replaced atomically after it. Folders left half-written by a crash keep their
-temporary name, are never loaded, and are removed by the next save.
+the model and optimizer: a value head, an EMA baseline).
+
+The contract:
+- A folder is written under a temporary name, every file fsynced, then renamed into place; the
+  `latest` pointer is replaced atomically after it. A crash at any moment leaves `latest` naming
+  a complete checkpoint (or no pointer at all).
+- Folders left half-written keep their temporary name and are never loaded; resuming removes them,
+  and step folders newer than `latest` (a crash between the rename and the pointer), which the
+  resumed run writes again (`clean_incomplete`).
+- `keep_last` step folders stay on disk; `latest` is never pruned.
+- A state with a non-finite parameter is never written (`NonFiniteState`).
+- `asynchronous=True` copies every tensor to host memory first (the only part training waits
+  for), then writes in a background thread: the copy is the checkpoint's own, so training cannot
+  overwrite what is being saved. One save is in flight at a time; the next save, and
+  `wait_for_saves`, wait for it and raise its error.
 """
 
 from __future__ import annotations
@@ -14,14 +26,23 @@ import json
 import os
 import random
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from reinforge.errors import RunFailure
+from reinforge.faults import maybe_fail
+
 TMP_PREFIX = ".tmp-"
 EXTRA_STATE_FILE = "algorithm_state.pt"
+
+
+class NonFiniteState(RunFailure):
+    """The model holds a NaN or infinity: saving it would make the last good checkpoint unusable."""
 
 
 @dataclass
@@ -31,6 +52,20 @@ class TrainerState:
     data_position: int  # train tasks consumed so far (all phases)
     sft_done: bool = False
     micro_batch_tokens: int | None = None  # the run's packing budget, reused on resume
+    non_finite_streak: int = 0  # consecutive skipped non-finite steps up to `step`
+
+
+@dataclass
+class _Snapshot:
+    """Everything one checkpoint writes, detached from the live training objects when async."""
+
+    model: Any
+    tokenizer: Any
+    model_state: dict | None  # None: save the live model's own tensors
+    optimizer_blob: dict | None
+    extra_state: dict | None
+    rng: dict
+    state: dict
 
 
 def checkpoints_dir(run_dir: Path) -> Path:
@@ -47,28 +82,75 @@ def save_checkpoint(
     state: TrainerState,
     keep_last: int | None = None,
     extra_state: dict | None = None,
+    rng: dict | None = None,
+    asynchronous: bool = False,
 ) -> Path:
+    """Write checkpoint `name`; returns its final path (durable once this returns, or, when
+    asynchronous, once the next save or `wait_for_saves` returns). `rng` defaults to now's."""
+    wait_for_saves()
     root = checkpoints_dir(run_dir)
+    assert _read_latest(root) != name, f"checkpoint {name} is `latest`; it is never rewritten"
+    check_finite(model, name)
+    optimizer_blob = (
+        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+        if optimizer is not None
+        else None
+    )
+    snap = _Snapshot(
+        model, tokenizer, None, optimizer_blob, extra_state, rng or rng_state(), asdict(state)
+    )
+    if not asynchronous:
+        return _write(root, name, snap, keep_last)
+    snap.model_state = host_copy(model.state_dict())
+    snap.optimizer_blob, snap.extra_state = host_copy((optimizer_blob, extra_state))
+    global _pending
+    _pending = _writer().submit(_write, root, name, snap, keep_last)
+    return root / name
+
+
+def wait_for_saves() -> None:
+    """Block until the save in flight (if any) is durable; raise its error if it failed."""
+    global _pending
+    pending, _pending = _pending, None
+    if pending is not None:
+        pending.result()
+
+
+def check_finite(model, name: str) -> None:
+    params = [p.detach() for p in model.parameters()]
+    if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
+        bad = next(n for n, p in model.named_parameters() if not torch.isfinite(p).all())
+        raise NonFiniteState(
+            f"not saving checkpoint {name}: parameter {bad} holds NaN or infinity; the last "
+            "checkpoint on disk is the last good state"
+        )
+
+
+def _write(root: Path, name: str, snap: _Snapshot, keep_last: int | None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for stale in root.glob(TMP_PREFIX + "*"):
         shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f"{TMP_PREFIX}{name}"
-    model.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    if optimizer is not None:
-        torch.save(
-            {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()},
-            tmp / "optimizer.pt",
-        )
-    if extra_state is not None:
-        torch.save(extra_state, tmp / EXTRA_STATE_FILE)
-    torch.save(rng_state(), tmp / "rng.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
+    if snap.model_state is None:
+        snap.model.save_pretrained(tmp, safe_serialization=True)
+    else:
+        snap.model.save_pretrained(tmp, safe_serialization=True, state_dict=snap.model_state)
+    maybe_fail("checkpoint")  # drills: a crash after the weights, before the rest
+    snap.tokenizer.save_pretrained(tmp)
+    if snap.optimizer_blob is not None:
+        torch.save(snap.optimizer_blob, tmp / "optimizer.pt")
+    if snap.extra_state is not None:
+        torch.save(snap.extra_state, tmp / EXTRA_STATE_FILE)
+    torch.save(snap.rng, tmp / "rng.pt")
+    (tmp / "trainer_state.json").write_text(json.dumps(snap.state, indent=2))
     _fsync_dir(tmp)
+    maybe_fail("checkpoint")  # drills: a crash with every file written, before the rename
     final = root / name
-    if final.exists():
+    if final.exists():  # left by a crash before `latest` moved to it: never the one loaded
         shutil.rmtree(final)
     os.replace(tmp, final)
+    _fsync_parent(final)
+    maybe_fail("checkpoint")  # drills: a crash after the rename, before the pointer
     _write_atomic(root / "latest", name)
     if keep_last is not None:
         _prune(root, keep_last, keep={name})
@@ -77,14 +159,30 @@ def save_checkpoint(
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
     root = checkpoints_dir(run_dir)
-    pointer = root / "latest"
-    if not pointer.exists():
+    name = _read_latest(root)
+    if name is None:
         return None
-    path = root / pointer.read_text().strip()
+    path = root / name
     assert (path / "trainer_state.json").exists(), (
         f"`latest` points at an incomplete checkpoint {path}"
     )
     return path
+
+
+def clean_incomplete(run_dir: Path) -> list[str]:
+    """Before resuming: remove half-written folders and checkpoints newer than `latest` (a crash
+    between a rename and the pointer; the resumed run writes them again). Returns their names."""
+    root = checkpoints_dir(run_dir)
+    latest = _read_latest(root)
+    assert latest is not None, f"nothing to resume in {root}"
+    removed = []
+    for path in sorted(root.iterdir()):
+        is_tmp = path.name.startswith(TMP_PREFIX) or path.name == "latest.tmp"
+        is_newer = path.is_dir() and _order(path.name) > _order(latest)
+        if is_tmp or is_newer:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
+            removed.append(path.name)
+    return removed
 
 
 def load_trainer_state(ckpt: Path) -> TrainerState:
@@ -123,8 +221,54 @@ def restore_rng(ckpt: Path) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def host_copy(obj: Any, _memo: dict | None = None) -> Any:
+    """`obj` with every tensor copied to host memory; tensors that shared storage (tied weights)
+    share it in the copy too, so the saved file is the one a synchronous save writes."""
+    memo = {} if _memo is None else _memo
+    if isinstance(obj, torch.Tensor):
+        storage = obj.untyped_storage().data_ptr()
+        key = (obj.device, storage, obj.storage_offset(), obj.dtype, obj.shape, obj.stride())
+        if key not in memo:
+            memo[key] = obj.detach().to("cpu", copy=True)
+        return memo[key]
+    if isinstance(obj, dict):
+        return type(obj)((k, host_copy(v, memo)) for k, v in obj.items())
+    if type(obj) in (list, tuple):
+        return type(obj)(host_copy(v, memo) for v in obj)
+    return obj
+
+
+_executor: ThreadPoolExecutor | None = None
+_pending: Future | None = None
+
+
+def _writer() -> ThreadPoolExecutor:
+    global _executor
+    if _executor is None:
+        _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reinforge-checkpoint")
+    return _executor
+
+
+def _read_latest(root: Path) -> str | None:
+    pointer = root / "latest"
+    return pointer.read_text().strip() if pointer.exists() else None
+
+
+def _order(name: str) -> tuple[int, int]:
+    """Where a checkpoint name sits in a run: SFT steps, the SFT result, then RL steps."""
+    kind, _, step = name.rpartition("_")
+    if name == "sft_final":
+        return (1, 0)
+    if kind in ("sft_step", "step") and step.isdigit():
+        return (0 if kind == "sft_step" else 2, int(step))
+    return (-1, 0)  # not a checkpoint folder this module writes: never removed as newer
+
+
 def _prune(root: Path, keep_last: int, keep: set[str]) -> None:
-    steps = sorted(p for p in root.glob("step_*") if p.is_dir())
+    """Keep the newest `keep_last` folders of the saved one's kind (`step_*` or `sft_step_*`)."""
+    (saved,) = keep
+    family = saved.rstrip("0123456789")
+    steps = sorted(p for p in root.glob(f"{family}*") if p.is_dir())
     for old in steps[:-keep_last]:
         if old.name not in keep:
             shutil.rmtree(old, ignore_errors=True)
@@ -137,6 +281,7 @@ def _write_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+    _fsync_parent(path)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -144,3 +289,19 @@ def _fsync_dir(path: Path) -> None:
         if p.is_file():
             with open(p, "rb") as f:
                 os.fsync(f.fileno())
+    _fsync_folder(path)
+
+
+def _fsync_parent(path: Path) -> None:
+    _fsync_folder(path.parent)
+
+
+def _fsync_folder(path: Path) -> None:
+    """Make the names in a folder (a rename, a new file) durable: fsync the folder (POSIX)."""
+    if os.name != "posix":
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -11,12 +11,16 @@ import sys
 import traceback
 from pathlib import Path
 
+from reinforge import cli_models
 from reinforge.errors import ConfigError, ExitCode, RunFailure
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="reinforge", description="Train language models with reinforcement learning."
+        prog="reinforge",
+        description="Train language models with reinforcement learning.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in [
@@ -45,6 +49,31 @@ def build_parser() -> argparse.ArgumentParser:
         "config-docs", help="print the config reference (Markdown) generated from the field docs"
     )
     docs.add_argument("--output", "-o", help="write to this file instead of stdout")
+    doctor = sub.add_parser(
+        "doctor",
+        help="check this machine (and a config): versions, devices, disk, a smoke test",
+        description="Check this machine, and with CONFIG whether it can run that config. Prints "
+        "a table and a verdict; exits 1 when the machine cannot run reinforge, 2 when it cannot "
+        "run the config.",
+    )
+    doctor.add_argument("config", nargs="?", help="TOML config to check (optional)")
+    doctor.add_argument("overrides", nargs="*", metavar="section.key=value")
+    doctor.add_argument(
+        "--command",
+        dest="command_name",
+        choices=["train", "sft"],
+        default="train",
+        help="the command the config is for (default: train)",
+    )
+    doctor.add_argument("--no-smoke", action="store_true", help="skip the smoke test")
+    report = sub.add_parser(
+        "report",
+        help="what a run did and why it stopped",
+        description="Steps, final and best metrics, failure counters, plots, the last error and "
+        "how to resume, from a run directory alone.",
+    )
+    report.add_argument("run_dir", metavar="RUN_DIR")
+    cli_models.add_parsers(sub)  # eval, export, serve
     return parser
 
 
@@ -68,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(text)
         return ExitCode.OK
     try:
+        if args.command in ("doctor", "report"):
+            return run_checkup(args)
+        if args.command in cli_models.HANDLERS:
+            return cli_models.HANDLERS[args.command](args)
         return run_command(args)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
@@ -75,6 +108,32 @@ def main(argv: list[str] | None = None) -> int:
     except RunFailure as e:
         print(f"run failed: {e}", file=sys.stderr)
         return ExitCode.RUNTIME_FAILURE
+
+
+EXIT_CODES_HELP = """exit codes (every command):
+  0  success
+  1  runtime failure (traceback in RUN_DIR/error.txt)
+  2  configuration error (the message names the setting and a value that works)
+  3  stopped by a signal after saving a checkpoint (resume with --resume RUN_DIR)
+  4  hang: no progress for watchdog.timeout_s (stacks in RUN_DIR/hang.txt)
+  5  nothing trained: the run was already at run.max_steps"""
+
+
+def run_checkup(args) -> int:
+    """`reinforge doctor` and `reinforge report`."""
+    if args.command == "report":
+        from reinforge.report import build_report, print_run_report
+
+        print_run_report(build_report(Path(args.run_dir)))
+        return ExitCode.OK
+    from reinforge.doctor import print_report, run_doctor
+
+    config, overrides = args.config, list(args.overrides)
+    if config and "=" in config and not Path(config).exists():
+        config, overrides = None, [config, *overrides]
+    report = run_doctor(config, overrides, args.command_name, smoke=not args.no_smoke)
+    print_report(report)
+    return report.exit_code
 
 
 def run_command(args) -> int:
@@ -107,7 +166,7 @@ def run_command(args) -> int:
 
 def execute(args, cfg) -> int:
     from reinforge.config import to_toml
-    from reinforge.run import RunContext, Stopped
+    from reinforge.run import RunContext, guarded
     from reinforge.train.common import run_dir_of
 
     ctx = RunContext(
@@ -117,6 +176,16 @@ def execute(args, cfg) -> int:
         config_toml=to_toml(cfg),
     )
     ctx.install_signal_handlers()
+    with guarded(cfg, ctx):
+        return finish(args, cfg, ctx)
+
+
+def finish(args, cfg, ctx) -> int:
+    """Run the command; every way it ends becomes a summary, a file in the run directory for
+    `reinforge report`, and an exit code."""
+    from reinforge.report import run_counters
+    from reinforge.run import Stopped
+
     try:
         if args.command == "train":
             from reinforge.train.rl import train
@@ -134,7 +203,10 @@ def execute(args, cfg) -> int:
             )
         )
         return ExitCode.STOPPED_AFTER_SAVE
-    except (ConfigError, RunFailure):
+    except RunFailure as e:
+        (ctx.run_dir / "error.txt").write_text(f"{type(e).__name__}: {e}\n")
+        raise
+    except ConfigError:
         raise
     except KeyboardInterrupt as e:
         print(
@@ -153,6 +225,7 @@ def execute(args, cfg) -> int:
         )
         return ExitCode.RUNTIME_FAILURE
     summary.wall_s = ctx.elapsed()
+    summary.counters = run_counters(ctx.run_dir)
     print_summary(summary)
     if summary.steps_trained == 0:
         print(
@@ -219,6 +292,8 @@ def print_summary(s) -> None:
     table.add_row("held-out accuracy before", pct(s.eval_before))
     table.add_row("held-out accuracy after", pct(s.eval_after))
     table.add_row("wall time", f"{s.wall_s:.0f} s")
+    failures = ", ".join(f"{k} {v:g}" for k, v in sorted(s.counters.items()) if v)
+    table.add_row("failures counted", failures or "none")
     for note in s.notes:
         table.add_row("note", note)
     console.print(table)

@@ -8,13 +8,14 @@ closest valid key and, when the key belongs to another section, the section to m
 
 from __future__ import annotations
 
+import copy
 import difflib
 import sys
 import types
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from reinforge.algorithms.table import (
     PRESETS,
@@ -25,18 +26,20 @@ from reinforge.algorithms.table import (
     KLPlacement,
     LossName,
 )
+from reinforge.config_base import Section
+from reinforge.config_data import DatasetTaskConfig
+from reinforge.config_envs import (
+    GameTaskConfig,
+    HtmlTaskConfig,
+    SearchTaskConfig,
+    ToolArithmeticTaskConfig,
+)
 from reinforge.errors import ConfigError
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", use_attribute_docstrings=True, validate_assignment=True
-    )
 
 
 # ----------------------------------------------------------------------------- run / model
@@ -139,7 +142,33 @@ class CountdownTaskConfig(Section):
     """Seed of the task generator (independent of `run.seed`)."""
 
 
-TaskConfig = Annotated[ArithmeticTaskConfig | CountdownTaskConfig, Field(discriminator="name")]
+class RandomTokensTaskConfig(Section):
+    name: Literal["random_tokens"] = "random_tokens"
+    """Benchmark workload: prompts of random words `t0 t1 ...` (one token each with the word-level
+    tokenizer of `model.path = "shape:..."`), reward (len(completion text) mod 7) / 6, as the
+    TRL peer of bench/grpo_bench.py scores it. Measures speed, not learning."""
+    prompt_tokens: int = Field(128, ge=1, le=1_000_000)
+    """Words per prompt."""
+    vocab_words: int = Field(32_000, ge=2)
+    """Prompts draw words t0 .. t{vocab_words - 1}; keep it at most the model's vocabulary size
+    less 3 (the shape tokenizer's UNK, PAD and EOS)."""
+    num_eval: int = Field(8, ge=1, le=100_000)
+    """Held-out prompts scored before and after training."""
+    seed: int = Field(1234, ge=0)
+    """Seed of the prompt generator (independent of `run.seed`)."""
+
+
+TaskConfig = Annotated[
+    ArithmeticTaskConfig
+    | CountdownTaskConfig
+    | RandomTokensTaskConfig
+    | DatasetTaskConfig
+    | ToolArithmeticTaskConfig
+    | HtmlTaskConfig
+    | SearchTaskConfig
+    | GameTaskConfig,
+    Field(discriminator="name"),
+]
 
 
 # ----------------------------------------------------------------------------- stages
@@ -174,6 +203,19 @@ class RolloutSection(Section):
     """Drop tokens whose probability is below min_p times the top token's (0 = off)."""
     stop_strings: list[str] = []
     """Extra strings that end a completion (the tokenizer's EOS always does)."""
+    ignore_eos: bool = False
+    """Generate max_new_tokens for every completion, past EOS and stop strings (benchmarks: every
+    step does the same work)."""
+    engine: Literal["auto", "paged", "simple"] = "auto"
+    """Generation engine for rollouts and validation: "paged" (continuous batching over a paged KV
+    cache, one prefill per group's prompt, CUDA graphs on a GPU; Qwen2/2.5, Qwen3 and Llama models,
+    LoRA included), "simple" (the model's own forward; any causal LM), or "auto" (paged where the
+    architecture is supported, else simple with a warning). Both read the trainer's weights in
+    place."""
+    kv_cache_bytes: int | None = Field(None, ge=1)
+    """Size of the paged engine's KV page pool in bytes. Unset: the memory planner chooses it
+    (room for the whole step's rollout when it fits beside training; `--dry-run` shows it). Set:
+    the planner plans around it, and refuses a value that does not fit."""
 
 
 # Preset fields whose "off" value is 0 in the config (TOML has no null): the preset's None maps to it.
@@ -353,17 +395,48 @@ class TrainSection(Section):
     compile: bool = False
     """torch.compile each decoder layer (dynamic shapes) for the trainer's forward and backward.
     The first steps pay the compile time."""
+    non_finite: Literal["skip", "crash"] = "skip"
+    """What a step whose gradient holds NaN or infinity does: "skip" (count it in the metric
+    `nonfinite_skipped`, leave parameters and optimizer state untouched, go on; the run fails
+    after train.max_consecutive_non_finite such steps in a row) or "crash" (fail at once, exit
+    code 1). Either way a non-finite state is never checkpointed."""
+    max_consecutive_non_finite: int = Field(3, ge=1, le=10_000)
+    """Skipped non-finite steps in a row after which the run fails (train.non_finite = "skip")."""
 
 
-class EvalSection(Section):
-    before_train: bool = True
-    """Score the held-out tasks before RL (after any SFT stage)."""
-    every: int = Field(0, ge=0)
-    """Also score every N steps (0 = only before and after)."""
+class EvalSamplingSection(Section):
+    """How held-out tasks are scored: `[eval]` of `reinforge eval`, and the part of training's
+    `[eval]` that the same code reads."""
+
     num_tasks: int | None = Field(None, ge=1)
-    """Held-out tasks to score (default: all of the task's `num_eval`)."""
+    """Held-out tasks to score, the first ones (default: all of them)."""
     max_new_tokens: int | None = Field(None, ge=1)
-    """Generation budget for evaluation (default: `rollout.max_new_tokens`). Decoding is greedy."""
+    """Generation budget per sample. Default: `rollout.max_new_tokens` in `reinforge train` and
+    in `reinforge eval` of a run; 32 in `reinforge sft`; 512 otherwise."""
+    samples_per_task: int = Field(1, ge=1, le=1024)
+    """Samples per task (n): pass@k is reported for k = 1, 2, 4, ... up to n, and mean@n."""
+    temperature: float = Field(0.0, ge=0.0, le=10.0)
+    """Sampling temperature; 0 decodes greedily (one sample per task is then enough)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
+
+    @model_validator(mode="after")
+    def _samples_differ(self) -> EvalSamplingSection:
+        if self.samples_per_task > 1 and self.temperature == 0.0:
+            raise ValueError(
+                f"eval.samples_per_task = {self.samples_per_task} with eval.temperature = 0 "
+                "gives identical greedy samples; set eval.temperature = 0.6 (or 1.0) for "
+                "pass@k, or eval.samples_per_task = 1"
+            )
+        return self
+
+
+class EvalSection(EvalSamplingSection):
+    before_train: bool = True
+    """Validate before training starts (validate_before_train): held-out accuracy, and in SFT the
+    validation loss. In `reinforge train` this is before RL, after any SFT stage."""
+    every: int = Field(0, ge=0)
+    """Also validate every N steps (validate_every; 0 = only before and after)."""
 
 
 class CheckpointSection(Section):
@@ -371,6 +444,75 @@ class CheckpointSection(Section):
     """Save every N steps (0 = only at the end and on a signal)."""
     keep_last: int = Field(2, ge=1)
     """Step checkpoints kept on disk (older ones are deleted)."""
+    async_save: bool = False
+    """Write periodic checkpoints in a background thread: training waits only while the weights,
+    optimizer and state are copied to host memory (which needs that much free RAM), never for the
+    disk, and cannot change the copy being written. Saves on a stop signal and at the end are
+    synchronous, so they are durable before the process exits."""
+
+
+class WatchdogSection(Section):
+    timeout_s: float = Field(900.0, ge=0.0, le=604_800.0)
+    """Seconds without progress after which the run counts as hung: every thread's stack goes to
+    stderr and hang.txt in the run directory, the last completed step is saved when the state
+    allows (watchdog.save_on_hang), and the process exits with code 4 naming the phase
+    (generation, reward, tool, training, checkpoint, logging, eval). Every forward pass of the
+    model and every phase change is progress. 0 = off."""
+    startup_timeout_s: float = Field(1800.0, ge=0.0, le=604_800.0)
+    """The limit while the run starts (loading model, tokenizer and data, downloads included):
+    the larger of this and watchdog.timeout_s."""
+    save_on_hang: bool = True
+    """On a hang in a phase that leaves the state as the last step left it (generation, reward,
+    tool, logging, eval), checkpoint that step before exiting. Hangs in training or checkpoint
+    phases never save: their state is half-changed."""
+
+
+class FaultsSection(Section):
+    """Fault injection for tests and drills: every instrumented call at a site faults with that
+    site's probability. All rates 0 (the default) is off."""
+
+    reward: float = Field(0.0, ge=0.0, le=1.0)
+    """Probability that a reward call faults. Recoverable: the sample's reward is 0 and the metric
+    `reward_errors` (exception) or `reward_nonfinite` (nan) counts it."""
+    tool: float = Field(0.0, ge=0.0, le=1.0)
+    """Probability that a tool call faults. Recoverable: the model reads the tool's error text and
+    `tool_errors` counts it."""
+    generation: float = Field(0.0, ge=0.0, le=1.0)
+    """Probability that a generation call (a rollout round, an evaluation) faults. Fatal: the run
+    fails with exit code 1."""
+    training: float = Field(0.0, ge=0.0, le=1.0)
+    """Probability that a training step (an RL update, an SFT step) faults. A nan makes the step's
+    gradient non-finite, so train.non_finite acts; an exception is fatal."""
+    logging: float = Field(0.0, ge=0.0, le=1.0)
+    """Probability that a metrics write faults. Fatal."""
+    checkpoint: float = Field(0.0, ge=0.0, le=1.0)
+    """Probability of a fault at each of a save's three points (after the weights, before the
+    folder's rename, before the `latest` pointer moves). Fatal; a resume loads the previous
+    complete checkpoint."""
+    kinds: list[Literal["exception", "hang", "nan"]] = Field(["exception"], min_length=1)
+    """What a fault is: "exception" (raised at the call), "hang" (the call sleeps faults.hang_s,
+    for the watchdog to catch), "nan" (the call's value becomes NaN; only reward and training
+    compute a value, the other sites draw among the other kinds)."""
+    hang_s: float = Field(3600.0, gt=0.0, le=604_800.0)
+    """How long an injected hang sleeps."""
+    seed: int = Field(0, ge=0)
+    """Seed of the fault draws (independent of run.seed: a drill does not change training's draws)."""
+
+    @model_validator(mode="after")
+    def _kinds_fit_sites(self) -> FaultsSection:
+        numeric = ("reward", "training")
+        for site, rate in self.rates().items():
+            if rate > 0 and self.kinds == ["nan"] and site not in numeric:
+                raise ValueError(
+                    f"faults.{site} = {rate} with faults.kinds = ['nan']: a {site} call computes "
+                    "no number to make NaN; add a kind, e.g. kinds = ['exception', 'nan'], or set "
+                    f"faults.{site} = 0"
+                )
+        return self
+
+    def rates(self) -> dict[str, float]:
+        sites = ("reward", "tool", "generation", "training", "logging", "checkpoint")
+        return {site: getattr(self, site) for site in sites}
 
 
 class LogSection(Section):
@@ -403,6 +545,8 @@ class TrainConfig(Section):
     eval: EvalSection = EvalSection()
     checkpoint: CheckpointSection = CheckpointSection()
     log: LogSection = LogSection()
+    watchdog: WatchdogSection = WatchdogSection()
+    faults: FaultsSection = FaultsSection()
 
     @model_validator(mode="after")
     def _algorithm_fits_rollout(self) -> TrainConfig:
@@ -427,6 +571,8 @@ class SFTOnlySection(SFTSection):
 class SFTConfig(Section):
     """`reinforge sft`: supervised fine-tuning on a task's reference solutions."""
 
+    needs_task_answers: ClassVar[bool] = False  # SFT trains on solutions; answers only score
+
     run: RunSection = RunSection()
     model: ModelSection = ModelSection()
     task: TaskConfig = ArithmeticTaskConfig()
@@ -436,16 +582,46 @@ class SFTConfig(Section):
     eval: EvalSection = EvalSection()
     checkpoint: CheckpointSection = CheckpointSection()
     log: LogSection = LogSection()
+    watchdog: WatchdogSection = WatchdogSection()
+    faults: FaultsSection = FaultsSection()
 
 
-ROOTS: dict[str, type[Section]] = {"train": TrainConfig, "sft": SFTConfig}
+class EvalRunSection(Section):
+    seed: int = Field(0, ge=0)
+    """Seed of sampling (when eval.temperature > 0) and of a dataset's held-out draw."""
+    device: str = "auto"
+    """`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Weight dtype. `auto`: bfloat16 on a GPU that supports it, float32 on CPU."""
+    num_threads: int = Field(0, ge=0, le=1024)
+    """CPU threads for torch; 0 keeps torch's default."""
+
+
+class EvalConfig(Section):
+    """`reinforge eval MODEL`: score a model, checkpoint or run on held-out tasks or data files:
+    pass@k (unbiased), mean@n, accuracy by data_source, response lengths, truncation rate; a
+    table and a JSON file. Evaluating a run starts from the run's own `[task]` and `[eval]`."""
+
+    run: EvalRunSection = EvalRunSection()
+    task: TaskConfig = ArithmeticTaskConfig()
+    eval: EvalSamplingSection = EvalSamplingSection()
+
+
+ROOTS: dict[str, type[Section]] = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}
 
 
 # ----------------------------------------------------------------------------- loading
 
 
-def load_config(root: type[Section], path: str | Path | None, overrides: list[str] = ()) -> Any:
-    """Read TOML, apply `section.key=value` overrides, check keys, validate."""
+def load_config(
+    root: type[Section],
+    path: str | Path | None,
+    overrides: list[str] = (),
+    base: dict[str, Any] | None = None,
+) -> Any:
+    """Read TOML, apply `section.key=value` overrides, check keys, validate. `base` holds section
+    tables used where the file has none (`reinforge eval RUN_DIR` starts from the run's config);
+    a section the file has replaces the base's whole."""
     raw: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -457,6 +633,7 @@ def load_config(root: type[Section], path: str | Path | None, overrides: list[st
             raw = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    raw = {**copy.deepcopy(base or {}), **raw}
     for item in overrides:
         apply_override(raw, item)
     check_keys(raw, root)

@@ -9,6 +9,7 @@ import types
 from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
 
 from reinforge.config import ROOTS, _variants
 
@@ -28,6 +29,8 @@ def _type_name(annotation: Any) -> str:
 
 
 def _fmt_default(value: Any) -> str:
+    if value is PydanticUndefined:
+        return "required"
     if isinstance(value, str):
         return f'`"{value}"`'
     if value is None:
@@ -93,6 +96,7 @@ def render() -> str:
             "Sections: " + ", ".join(f"`[{s}]`" for s in root.model_fields),
             "",
         ]
+    users = _commands_by_model()
     for root in ROOTS.values():
         for section, field in root.model_fields.items():
             for variant in _variants(field.annotation):
@@ -103,5 +107,19 @@ def render() -> str:
                 title = f"### `[{section}]`"
                 if len(_variants(field.annotation)) > 1:
                     title += f' with `name = "{variant.model_fields["name"].default}"`'
+                elif len(users[section]) > 1:  # e.g. [eval] of training vs of `reinforge eval`
+                    title += " in " + ", ".join(f"`reinforge {c}`" for c in users[section][key])
                 out += [title, "", *_section_table(variant, section), ""]
     return "\n".join(out)
+
+
+def _commands_by_model() -> dict[str, dict[str, list[str]]]:
+    """section -> model name -> the commands whose section is that model (one-model sections)."""
+    users: dict[str, dict[str, list[str]]] = {}
+    for command, root in ROOTS.items():
+        for section, field in root.model_fields.items():
+            variants = _variants(field.annotation)
+            if len(variants) == 1:
+                models = users.setdefault(section, {})
+                models.setdefault(variants[0].__name__, []).append(command)
+    return users

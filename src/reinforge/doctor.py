@@ -26,18 +26,34 @@ class Check:
     value: str
     status: str = OK
     fix: str = ""
+    is_config: bool = False  # about the config, not the machine
 
 
 @dataclass
 class DoctorReport:
     checks: list[Check] = field(default_factory=list)
 
-    def add(self, name: str, value: str, status: str = OK, fix: str = "") -> None:
-        self.checks.append(Check(name, value, status, fix))
+    def add(
+        self, name: str, value: str, status: str = OK, fix: str = "", is_config: bool = False
+    ) -> None:
+        self.checks.append(Check(name, value, status, fix, is_config))
 
     @property
     def is_ok(self) -> bool:
         return all(c.status != FAIL for c in self.checks)
+
+    @property
+    def exit_code(self) -> int:
+        """0: ready; 1 (runtime failure): the machine cannot run reinforge; 2 (configuration
+        error): it can, but not this config."""
+        from reinforge.errors import ExitCode
+
+        failed = [c for c in self.checks if c.status == FAIL]
+        if not failed:
+            return ExitCode.OK
+        if all(c.is_config for c in failed):
+            return ExitCode.CONFIG_ERROR
+        return ExitCode.RUNTIME_FAILURE
 
 
 def _version(module: str) -> str | None:
@@ -168,21 +184,34 @@ def check_config(
         cfg = load_config(ROOTS[command], config, overrides)
         pf = run_preflight(cfg)
     except ConfigError as e:
-        report.add("config", str(e), FAIL)
+        report.add("config", str(e), FAIL, is_config=True)
         return
     for name, value in pf.rows:
-        report.add(f"preflight: {name}", value)
+        report.add(f"preflight: {name}", value, is_config=True)
     for warning in pf.warnings:
-        report.add("preflight", warning, WARN)
+        report.add("preflight", warning, WARN, is_config=True)
     for error in pf.errors:
-        report.add("preflight", error, FAIL)
+        report.add("preflight", error, FAIL, is_config=True)
+
+
+def output_dir_of(command: str, config: str | None, overrides: list[str]) -> str:
+    """Where the config's runs will write (its disk is the one to check); "." without one."""
+    from reinforge.config import ROOTS, load_config
+    from reinforge.errors import ConfigError
+
+    if config is None and not overrides:
+        return "."
+    try:
+        return load_config(ROOTS[command], config, overrides).run.output_dir
+    except ConfigError:
+        return "."  # check_config reports it
 
 
 def run_doctor(
     config: str | None = None, overrides: list[str] = (), command: str = "train", smoke: bool = True
 ) -> DoctorReport:
     report = DoctorReport()
-    check_environment(report)
+    check_environment(report, output_dir_of(command, config, list(overrides)))
     if not report.is_ok:
         return report  # torch or transformers missing: nothing further can run
     check_devices(report, smoke=smoke)
@@ -204,5 +233,10 @@ def print_report(report: DoctorReport) -> None:
         value = f"{c.value} (fix: {c.fix})" if c.status == FAIL and c.fix else c.value
         table.add_row(c.name, value, f"[{style[c.status]}]{c.status}[/]")
     console.print(table)
-    failed = [c.name for c in report.checks if c.status == FAIL]
-    print("verdict: ready" if not failed else f"verdict: NOT ready ({', '.join(failed)})")
+    failed = list(dict.fromkeys(c.name for c in report.checks if c.status == FAIL))
+    if not failed:
+        print("verdict: ready")
+    elif report.exit_code == 2:
+        print(f"verdict: NOT ready: this machine cannot run this config ({', '.join(failed)})")
+    else:
+        print(f"verdict: NOT ready: this machine cannot run reinforge ({', '.join(failed)})")

@@ -24,7 +24,6 @@ away, fails with an `ExportError` that says which and what to do.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,8 +31,8 @@ from typing import Literal
 
 import torch
 
-from reinforge.checkpoint import checkpoints_dir, latest_checkpoint
 from reinforge.errors import ConfigError, RunFailure
+from reinforge.models.inference import adapter_base, find_checkpoint
 
 Mode = Literal["merged", "adapter", "full"]
 MODES = ("merged", "adapter", "full")
@@ -127,18 +126,15 @@ def export(
 
 
 def resolve_checkpoint(source: Path) -> Path:
-    """The checkpoint folder `source` names: itself, or a run directory's latest checkpoint."""
-    if checkpoints_dir(source).is_dir():
-        latest = latest_checkpoint(source)
-        if latest is None:
-            raise ConfigError(f"run directory {source} has no finished checkpoint yet")
-        return latest
-    if (source / "adapter_config.json").exists() or (source / "config.json").exists():
-        return source
-    raise ConfigError(
-        f"{source} is neither a run directory (with checkpoints/latest) nor a checkpoint folder "
-        "(with config.json or adapter_config.json)"
-    )
+    """The checkpoint folder `source` names: itself, a run directory's latest checkpoint, or
+    `RUN_DIR/step_N` (see `reinforge.models.inference.find_checkpoint`)."""
+    ckpt = find_checkpoint(source)
+    if ckpt is None:
+        raise ConfigError(
+            f"{source} is neither a run directory (with checkpoints/latest) nor a checkpoint "
+            "folder (with config.json or adapter_config.json)"
+        )
+    return ckpt
 
 
 def _export_full(
@@ -181,7 +177,7 @@ def _export_lora(
 ) -> ExportReport:
     from peft import PeftModel
 
-    base_source = base or _adapter_base(ckpt)
+    base_source = base or adapter_base(ckpt)
     tokenizer = _load_tokenizer(ckpt, fallback=base_source)
     prompts = render_check_prompts(tokenizer)
     save_dtype = DTYPES[dtype] if dtype else _config_dtype(base_source)
@@ -325,19 +321,6 @@ def _load_tokenizer(ckpt: Path, fallback: str | None = None):
             "prompted as it was trained; save a tokenizer with one into the checkpoint"
         )
     return tokenizer
-
-
-def _adapter_base(ckpt: Path) -> str:
-    config = json.loads((ckpt / "adapter_config.json").read_text())
-    base = config.get("base_model_name_or_path")
-    if not base:
-        raise ConfigError(f"{ckpt}/adapter_config.json names no base model; pass the base")
-    if base.startswith(("/", ".", "~")) and not Path(base).expanduser().exists():
-        raise ConfigError(
-            f"the adapter at {ckpt} was trained on {base}, which is not there any more; pass "
-            "the base model's folder or hub name as the base"
-        )
-    return base
 
 
 def _config_dtype(source: str) -> torch.dtype:

@@ -13,6 +13,8 @@ from typing import Any
 
 from rich.console import Console
 
+from reinforge.faults import site
+
 console = Console(highlight=False, soft_wrap=True)
 
 # What the per-step console line shows, in order: (key, label, format).
@@ -66,14 +68,15 @@ class MetricsLogger:
 
     def log(self, step: int, metrics: dict[str, float], phase: str = "rl") -> None:
         clean = {k: float(v) for k, v in metrics.items() if v is not None}
-        with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, "phase": phase, **clean}) + "\n")
-        if self._tb is not None:
-            for k, v in clean.items():
-                if math.isfinite(v):
-                    self._tb.add_scalar(f"{phase}/{k}", v, step)
-        if self._wandb is not None:
-            self._wandb.log({f"{phase}/{k}": v for k, v in clean.items()}, step=step)
+        with site("logging"):  # a watchdog phase (a stuck tracker hangs here) and a fault site
+            with self.path.open("a") as f:
+                f.write(json.dumps({"step": step, "phase": phase, **clean}) + "\n")
+            if self._tb is not None:
+                for k, v in clean.items():
+                    if math.isfinite(v):
+                        self._tb.add_scalar(f"{phase}/{k}", v, step)
+            if self._wandb is not None:
+                self._wandb.log({f"{phase}/{k}": v for k, v in clean.items()}, step=step)
 
     def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
         if not rows:
@@ -97,11 +100,15 @@ def truncate_after(path: Path, key: tuple[int, int]) -> None:
     rank = {"sft": 0, "rl": 1}
     keep = []
     for line in path.read_text().splitlines():
-        if line.strip():
+        try:
             row = json.loads(line)
-            if (rank.get(row.get("phase", "rl"), 1), row.get("step", 0)) <= key:
-                keep.append(line)
-    path.write_text("".join(ln + "\n" for ln in keep))
+        except json.JSONDecodeError:  # a line torn by a kill; its step is written again
+            continue
+        if (rank.get(row.get("phase", "rl"), 1), row.get("step", 0)) <= key:
+            keep.append(line)
+    tmp = path.with_name(path.name + ".tmp")  # replaced whole, so a kill here loses nothing
+    tmp.write_text("".join(ln + "\n" for ln in keep))
+    os.replace(tmp, path)
 
 
 def _start_wandb(run_dir: Path, project: str, config: dict[str, Any]):
@@ -122,7 +129,13 @@ def _start_wandb(run_dir: Path, project: str, config: dict[str, Any]):
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line torn by a kill -9, or blank
+            continue
+    return rows
 
 
 def plot_curves(run_dir: Path) -> Path | None:

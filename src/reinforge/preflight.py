@@ -72,16 +72,35 @@ def run_preflight(cfg) -> Preflight:
         pf.rows.append(("sft", f"{cfg.sft.steps} steps x {cfg.sft.batch_size} examples"))
     if hasattr(cfg, "rollout"):
         _check_rl_batch(cfg, pf)
-    num_eval = cfg.eval.num_tasks or cfg.task.num_eval
-    if cfg.eval.num_tasks and cfg.eval.num_tasks > cfg.task.num_eval:
-        pf.errors.append(
-            f"eval.num_tasks = {cfg.eval.num_tasks} but the task has only {cfg.task.num_eval} held-out "
-            f"tasks; set eval.num_tasks <= {cfg.task.num_eval} or raise task.num_eval"
-        )
-    pf.rows.append(("held-out tasks", str(num_eval)))
+    _check_held_out(cfg, tokenizer, pf)
     if not pf.errors:  # the plan needs sequences that fit the context
         _check_memory(cfg, tokenizer, lengths, pf)
     return pf
+
+
+def _check_held_out(cfg, tokenizer, pf: Preflight) -> None:
+    from reinforge.tasks import task_source_for
+
+    tasks = task_source_for(cfg, tokenizer)  # built once per process: the probe built it
+    available = len(tasks.eval_tasks())
+    wanted = cfg.eval.num_tasks
+    if wanted and wanted > available:
+        more = "raise task.num_eval" if "num_eval" in type(cfg.task).model_fields else "hold out more"
+        pf.errors.append(
+            f"eval.num_tasks = {wanted} but the task has only {available} held-out tasks; set "
+            f"eval.num_tasks <= {available} or {more}"
+        )
+    pf.rows.append(("held-out tasks", str(min(wanted or available, available))))
+    if available == 0 and (cfg.eval.before_train or cfg.eval.every):
+        pf.warnings.append(
+            "the task has no held-out tasks, so there is no evaluation during training; hold "
+            "some out with task.eval_fraction = 0.05, task.eval_path or task.eval_split"
+        )
+    elif not getattr(tasks, "can_score", True):
+        pf.warnings.append(
+            "the held-out tasks have no answers or no known reward, so only the SFT validation "
+            "loss is measured; set task.columns.answer and task.reward to also score accuracy"
+        )
 
 
 def _check_memory(cfg, tokenizer, lengths, pf: Preflight) -> None:

@@ -1,4 +1,10 @@
-"""`reinforge report RUN_DIR`: what a run did and why it stopped, from its run directory alone."""
+"""`reinforge report RUN_DIR`: what a run did and why it stopped, from its run directory alone.
+
+Reads config.toml, metrics.jsonl, the latest checkpoint's trainer_state.json, and the files a run
+leaves when it ends badly: error.txt (a failure's traceback or message) and hang.txt (the
+watchdog's stack dump). An error or hang older than the latest checkpoint belongs to an earlier
+process that a resume got past: it is shown as the last error, not as the status.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reinforge.errors import ConfigError
 from reinforge.metrics import plot_curves, read_metrics
 
 if sys.version_info >= (3, 11):
@@ -14,6 +21,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+# Per-step failure counts the trainer logs; the report and the summary add them up over the run.
 COUNTERS = (
     "nonfinite_skipped",
     "reward_errors",
@@ -21,16 +29,18 @@ COUNTERS = (
     "tool_errors",
     "tool_timeouts",
     "malformed_calls",
-    "dropped_groups",
+    "faults_injected",
 )
 
 
 @dataclass
 class RunReport:
     run_dir: Path
+    command: str  # "train" or "sft"
     status: str
     steps_done: int
     max_steps: int | None
+    sft_steps_done: int = 0
     final: dict[str, float] = field(default_factory=dict)
     best: dict[str, tuple[float, int]] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
@@ -41,64 +51,96 @@ class RunReport:
 
 def build_report(run_dir: Path) -> RunReport:
     run_dir = Path(run_dir)
-    assert run_dir.is_dir(), f"{run_dir} is not a run directory"
-    cfg = (
-        tomllib.loads((run_dir / "config.toml").read_text())
-        if (run_dir / "config.toml").exists()
-        else {}
-    )
-    max_steps = cfg.get("run", {}).get("max_steps")
+    if not (run_dir / "config.toml").is_file():
+        raise ConfigError(
+            f"{run_dir} is not a run directory (it has no config.toml); give the folder "
+            "run.output_dir/run.name of a run, e.g. runs/run"
+        )
+    cfg = tomllib.loads((run_dir / "config.toml").read_text())
+    command = "train" if "rollout" in cfg else "sft"
     rows = read_metrics(run_dir / "metrics.jsonl")
     rl = [r for r in rows if r.get("phase") == "rl" and "reward_mean" in r]
-    steps_done = max((r["step"] for r in rl), default=0)
-    saved = _saved_step(run_dir)
-    error = (
-        (run_dir / "error.txt").read_text().strip().splitlines()[-1]
-        if (run_dir / "error.txt").exists()
-        else None
+    sft = [r for r in rows if r.get("phase") == "sft" and "loss" in r]
+    status, last_error = _status(run_dir, cfg, command)
+    report = RunReport(
+        run_dir,
+        command,
+        status,
+        steps_done=max((r["step"] for r in rl), default=0),
+        max_steps=cfg.get("run", {}).get("max_steps"),
+        sft_steps_done=max((r["step"] for r in sft), default=0),
+        last_error=last_error,
     )
-    hang = (
-        (run_dir / "hang.txt").read_text().strip().splitlines()[0]
-        if (run_dir / "hang.txt").exists()
-        else None
-    )
-    if hang:
-        status = f"hung: {hang}"
-    elif error:
-        status = "failed"
-    elif max_steps is not None and saved is not None and saved >= max_steps:
-        status = "finished"
-    elif saved is not None:
-        status = f"stopped at step {saved} (checkpoint saved; not finished)"
-    else:
-        status = "no checkpoint (stopped or failed before the first save)"
-    report = RunReport(run_dir, status, steps_done, max_steps, last_error=error or hang)
-    if rl:
-        report.final = {
-            k: v for k, v in rl[-1].items() if isinstance(v, (int, float)) and k != "step"
-        }
-    for row in rows:
-        for key in ("reward_mean", "accuracy", "eval_accuracy"):
-            if key in row and (key not in report.best or row[key] > report.best[key][0]):
-                report.best[key] = (row[key], row["step"])
-        for key in COUNTERS:
-            if key in row:
-                report.counters[key] = report.counters.get(key, 0.0) + row[key]
-    if saved is not None and status != "finished":
-        report.resume_command = f"reinforge train {run_dir / 'config.toml'} --resume {run_dir}"
+    last = rl[-1] if rl else sft[-1] if sft else {}
+    report.final = {k: v for k, v in last.items() if isinstance(v, (int, float)) and k != "step"}
+    report.best = best_metrics(rows)
+    report.counters = counters_of(rows)
+    if _latest_state(run_dir) is not None and not status.startswith("finished"):
+        report.resume_command = f"reinforge {command} {run_dir / 'config.toml'} --resume {run_dir}"
     report.plot = plot_curves(run_dir)
     return report
 
 
-def _saved_step(run_dir: Path) -> int | None:
+def run_counters(run_dir: Path) -> dict[str, float]:
+    """Failure counters summed over every step the run logged (all its processes)."""
+    return counters_of(read_metrics(Path(run_dir) / "metrics.jsonl"))
+
+
+def counters_of(rows: list[dict]) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for row in rows:
+        for key in COUNTERS:
+            if key in row:
+                totals[key] = totals.get(key, 0.0) + row[key]
+    return totals
+
+
+def best_metrics(rows: list[dict]) -> dict[str, tuple[float, int]]:
+    best: dict[str, tuple[float, int]] = {}
+    for row in rows:
+        for key in ("reward_mean", "accuracy", "eval_accuracy"):
+            if key in row and (key not in best or row[key] > best[key][0]):
+                best[key] = (row[key], row["step"])
+    return best
+
+
+def _status(run_dir: Path, cfg: dict, command: str) -> tuple[str, str | None]:
+    """(why the run stopped, the last error or hang seen, if any)."""
+    state = _latest_state(run_dir)
+    pointer = run_dir / "checkpoints" / "latest"
+    saved_at = pointer.stat().st_mtime if pointer.exists() else 0.0
+    hang, error = run_dir / "hang.txt", run_dir / "error.txt"
+    hang_line = hang.read_text().strip().splitlines()[0] if hang.exists() else None
+    error_line = error.read_text().strip().splitlines()[-1] if error.exists() else None
+    last_error = hang_line or error_line
+    if hang.exists() and error.exists():
+        last_error = hang_line if hang.stat().st_mtime >= error.stat().st_mtime else error_line
+    if state is not None and _is_finished(state, cfg, command):
+        return "finished", last_error
+    if hang.exists() and hang.stat().st_mtime >= saved_at:
+        return f"hung: {hang_line}", last_error
+    if error.exists() and error.stat().st_mtime >= saved_at:
+        return f"failed: {error_line}", last_error
+    if state is not None:
+        where = f"RL step {state['step']}" if state["phase"] == "rl" else "SFT"
+        where = f"SFT step {state['step']}" if state["phase"] == "sft" else where
+        return f"stopped at {where} (checkpoint saved; not finished)", last_error
+    return "no checkpoint (stopped or failed before the first save)", last_error
+
+
+def _is_finished(state: dict, cfg: dict, command: str) -> bool:
+    if command == "sft":
+        return bool(state.get("sft_done"))
+    max_steps = cfg.get("run", {}).get("max_steps")
+    return state["phase"] == "rl" and max_steps is not None and state["step"] >= max_steps
+
+
+def _latest_state(run_dir: Path) -> dict | None:
     pointer = run_dir / "checkpoints" / "latest"
     if not pointer.exists():
         return None
-    state = run_dir / "checkpoints" / pointer.read_text().strip() / "trainer_state.json"
-    if not state.exists():
-        return None
-    data = json.loads(state.read_text())
-    return data["step"] if data.get("phase") == "rl" else 0
+    path = run_dir / "checkpoints" / pointer.read_text().strip() / "trainer_state.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def print_run_report(report: RunReport) -> None:
@@ -110,17 +152,18 @@ def print_run_report(report: RunReport) -> None:
     table.add_column(overflow="fold")
     table.add_column(overflow="fold")
     table.add_row("status", report.status)
-    table.add_row(
-        "RL steps logged",
-        f"{report.steps_done}" + (f" of {report.max_steps}" if report.max_steps else ""),
-    )
+    if report.sft_steps_done:
+        table.add_row("SFT steps logged", str(report.sft_steps_done))
+    if report.command == "train":
+        of = f" of {report.max_steps}" if report.max_steps else ""
+        table.add_row("RL steps logged", f"{report.steps_done}{of}")
     for key, (value, step) in sorted(report.best.items()):
         table.add_row(f"best {key}", f"{value:.4f} (step {step})")
-    for key in ("reward_mean", "accuracy", "response_len", "entropy", "kl_sampler"):
+    for key in ("reward_mean", "accuracy", "loss", "response_len", "entropy", "kl_sampler"):
         if key in report.final:
             table.add_row(f"final {key}", f"{report.final[key]:.4g}")
-    for key, value in sorted(report.counters.items()):
-        table.add_row(f"total {key}", f"{value:g}")
+    failures = ", ".join(f"{k} {v:g}" for k, v in sorted(report.counters.items()) if v)
+    table.add_row("failures counted", failures or "none")
     if report.last_error:
         table.add_row("last error", report.last_error)
     if report.plot:

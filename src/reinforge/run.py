@@ -10,6 +10,8 @@ from __future__ import annotations
 import shutil
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ class Summary:
     eval_after: float | None = None
     sft_eval_before: float | None = None
     wall_s: float = 0.0
+    counters: dict[str, float] = field(default_factory=dict)  # failures counted over the run
     notes: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -52,6 +55,11 @@ class RunContext:
                     f"--resume {run_dir}: no checkpoint found there (expected {run_dir}/checkpoints/latest); "
                     "start a new run without --resume"
                 )
+            from reinforge.checkpoint import clean_incomplete
+
+            removed = clean_incomplete(run_dir)
+            if removed:
+                print(f"resume: removed what a crash left unfinished: {', '.join(removed)}")
         elif run_dir.exists() and any(run_dir.iterdir()):
             if not overwrite:
                 raise ConfigError(
@@ -83,3 +91,18 @@ class RunContext:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
+
+
+@contextmanager
+def guarded(cfg, ctx: RunContext) -> Iterator[None]:
+    """The run's hang watchdog and fault plan (a drill, when `[faults]` sets a rate), for the
+    block's duration."""
+    from reinforge import faults, watchdog
+
+    w, f = cfg.watchdog, cfg.faults
+    faults.install(faults.FaultPlan(f.rates(), tuple(f.kinds), f.hang_s, f.seed))
+    try:
+        with watchdog.armed(w.timeout_s, w.startup_timeout_s, ctx.run_dir, w.save_on_hang):
+            yield
+    finally:
+        faults.install(None)

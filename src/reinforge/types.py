@@ -39,6 +39,9 @@ class Completion:
     logprobs: list[float]  # sampler logprob of each token in token_ids
     finish_reason: str  # "stop" (stop id or string) or "length" (max_new_tokens)
     text: str = ""
+    # Multi-turn episodes: 1 where the sampler produced the id, 0 on env ids (tool outputs, game
+    # boards), whose logprobs are 0.0 and which stay out of the loss. None: every id is sampled.
+    loss_mask: list[int] | None = None
 
 
 @dataclass
@@ -51,6 +54,8 @@ class Trajectory:
     reward: float = 0.0
     is_correct: bool = False
     advantage: float = 0.0
+    rewards: dict[str, float] = field(default_factory=dict)  # components of `reward` (env tasks)
+    metrics: dict[str, float] = field(default_factory=dict)  # episode counters (env tasks)
 
     @property
     def num_completion_tokens(self) -> int:

@@ -100,7 +100,12 @@ def tune(source: Path, out: Path, max_steps: int = 300) -> None:
 
 
 @pytest.fixture(scope="session")
-def tuned_url(tmp_path_factory) -> Iterator[str]:
+def tuned_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("tuned") / "model"
     tune(builtin_path("micro", 0), out)
-    yield from start_server(load_served_model(str(out), served_model_name="tuned"))
+    return out
+
+
+@pytest.fixture(scope="session")
+def tuned_url(tuned_dir) -> Iterator[str]:
+    yield from start_server(load_served_model(str(tuned_dir), served_model_name="tuned"))

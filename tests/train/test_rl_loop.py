@@ -4,14 +4,13 @@ import torch
 
 from reinforge.checkpoint import TrainerState
 from reinforge.config import TrainConfig, load_config
-from reinforge.engine.simple import SimpleEngine
 from reinforge.run import RunContext
 from reinforge.tasks.arithmetic import ArithmeticTasks
 from reinforge.train import rl
 from reinforge.train.advantage_step import Algorithm, assign_advantages, build_step_batch
 from reinforge.train.common import load_model, load_tokenizer, model_source
 from reinforge.train.learner import build_learner
-from reinforge.train.session import Policy
+from reinforge.train.session import Policy, policy_engine
 
 
 class DigitTasks(ArithmeticTasks):
@@ -27,7 +26,8 @@ def make_policy(cfg):
     source = model_source(cfg.model.path, cfg.run.seed)
     tok = load_tokenizer(source)
     model = load_model(source, torch.device("cpu"), torch.float32)
-    return Policy(model, tok, SimpleEngine(model, tok), torch.device("cpu"), source)
+    engine = policy_engine(cfg, model, tok, None)  # rollout.engine: "auto" takes the paged one
+    return Policy(model, tok, engine, torch.device("cpu"), source)
 
 
 def make_learner(cfg, tmp_path, policy=None):

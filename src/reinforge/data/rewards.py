@@ -55,19 +55,7 @@ class RewardRouter:
 
 
 def resolve_rewards(tasks: Sequence[Task], spec: DatasetSpec) -> RewardRouter:
-    sources: dict[str, Task] = {}
-    for task in tasks:
-        sources.setdefault(task.info["data_source"], task)
-    if spec.reward != "auto":
-        fn = _load(spec.reward, f"{SETTING}.reward", spec.base_dir)
-        return RewardRouter(dict.fromkeys(sources, fn), dict.fromkeys(sources, spec.reward))
-    names, unresolved = {}, []
-    for source, example in sources.items():
-        name = _auto_name(source, example, spec.reward_by_source)
-        if name is None:
-            unresolved.append(source)
-        else:
-            names[source] = name
+    sources, names, unresolved = _names(tasks, spec)
     if unresolved:
         raise ConfigError(
             f"no reward for data_source {unresolved}: {_why(sources[unresolved[0]])}set "
@@ -75,6 +63,42 @@ def resolve_rewards(tasks: Sequence[Task], spec: DatasetSpec) -> RewardRouter:
             f'or {SETTING}.reward_by_source = {{"{unresolved[0]}" = "exact_match"}}; '
             f"built-in rewards: {sorted(DATA_REWARDS)}"
         )
+    return _router(names, spec)
+
+
+def known_rewards(tasks: Sequence[Task], spec: DatasetSpec) -> RewardRouter | None:
+    """The rewards when every data source has one and some row has an answer to check, else
+    None: for data that need not be scored (SFT conversations), where an unknown source means
+    "no held-out accuracy", not an error."""
+    if spec.reward == "auto" and not any(t.answer for t in tasks):
+        return None
+    _, names, unresolved = _names(tasks, spec)
+    return None if unresolved else _router(names, spec)
+
+
+def _names(
+    tasks: Sequence[Task], spec: DatasetSpec
+) -> tuple[dict[str, Task], dict[str, str], list[str]]:
+    """(an example task per data source, source -> reward name, sources with no reward)."""
+    sources: dict[str, Task] = {}
+    for task in tasks:
+        sources.setdefault(task.info["data_source"], task)
+    if spec.reward != "auto":
+        return sources, dict.fromkeys(sources, spec.reward), []
+    names, unresolved = {}, []
+    for source, example in sources.items():
+        name = _auto_name(source, example, spec.reward_by_source)
+        if name is None:
+            unresolved.append(source)
+        else:
+            names[source] = name
+    return sources, names, unresolved
+
+
+def _router(names: dict[str, str], spec: DatasetSpec) -> RewardRouter:
+    if spec.reward != "auto":
+        fn = _load(spec.reward, f"{SETTING}.reward", spec.base_dir)
+        return RewardRouter(dict.fromkeys(names, fn), names)
     fns = {
         source: _load(name, f"{SETTING}.reward_by_source[{source!r}]", spec.base_dir)
         for source, name in names.items()
@@ -97,8 +121,10 @@ def _auto_name(source: str, example: Task, overrides: Mapping[str, str]) -> str 
 
 def _why(example: Task) -> str:
     if example.info.get("style") == "model":
-        return "its rows ask for a learned reward model (reward_model.style = 'model'), "
-        "which reinforge does not run; "
+        return (
+            "its rows ask for a learned reward model (reward_model.style = 'model'), "
+            "which reinforge does not run; "
+        )
     return "the source name is not one reinforge knows; "
 
 

@@ -72,7 +72,11 @@ def lookup(record: dict[str, Any], column: str) -> Any:
 
 
 def resolve_columns(
-    record: dict[str, Any], columns: ColumnMap, require_answer: bool, where: str
+    record: dict[str, Any],
+    columns: ColumnMap,
+    require_answer: bool,
+    where: str,
+    require_solution: bool = False,
 ) -> Columns:
     """Columns from the user's map or the usual names; a clear error when a required one is not
     there."""
@@ -103,6 +107,13 @@ def resolve_columns(
             f"or {SETTING}.require_answer = false for data without one (SFT, or a custom reward)"
         )
     solution = pick("solution")
+    if solution is None and messages is None and require_solution:
+        raise ConfigError(
+            f"no solution column in {where}: its columns are {sorted(record)}; SFT trains on a "
+            f"reference response, so set {SETTING}.columns.solution to the column holding it, or "
+            f"{SETTING}.columns.messages to a conversation column (its last assistant message is "
+            "the solution)"
+        )
     first_prompt = lookup(record, prompt) if prompt else None
     if "reward_model" in record and isinstance(first_prompt, list):
         schema = "verl"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from reinforge.data.formats import ROW_UNITS, BadRecord, detect_format, read_records
 from reinforge.data.report import LoadReport
-from reinforge.data.rewards import RewardRouter, resolve_rewards
+from reinforge.data.rewards import RewardRouter, known_rewards, resolve_rewards
 from reinforge.data.schema import BadRow, Columns, check_prompt, record_to_task, resolve_columns
 from reinforge.data.spec import SETTING, DatasetSpec, check_spec
 from reinforge.errors import ConfigError
@@ -34,7 +34,7 @@ class DatasetTasks:
     name: str
     train: list[Task]
     eval: list[Task]
-    rewards: RewardRouter
+    rewards: RewardRouter | None  # None: rows with no answer or reward to score them (SFT data)
     seed: int = 0
     shuffle: bool = True
     reports: list[LoadReport] = field(default_factory=list)  # train first, then a separate eval
@@ -58,7 +58,13 @@ class DatasetTasks:
     def eval_tasks(self) -> list[Task]:
         return list(self.eval)
 
+    @property
+    def can_score(self) -> bool:
+        """Whether completions can be scored (held-out accuracy, RL rewards)."""
+        return self.rewards is not None
+
     def reward(self, completion: str, task: Task) -> float:
+        assert self.rewards is not None, f"dataset {self.name} has no reward; check can_score"
         return self.rewards(completion, task)
 
 
@@ -70,14 +76,18 @@ def load_dataset_tasks(spec: DatasetSpec, tokenizer=None) -> DatasetTasks:
         raise ConfigError(
             f"{SETTING}.max_prompt_tokens needs a tokenizer to count with; pass the model's"
         )
-    name = spec.name or default_name(spec.path)
-    train, report = load_tasks(spec, spec.path, spec.split, "train", name, tokenizer)
-    reports, dropped = [report], 0
-    if spec.eval_path is not None or spec.eval_split is not None:
-        eval_path = spec.eval_path if spec.eval_path is not None else spec.path
-        eval_split = spec.eval_split if spec.eval_split is not None else spec.split
-        held_out, eval_report = load_tasks(spec, eval_path, eval_split, "eval", name, tokenizer)
-        reports.append(eval_report)
+    train, reports = _load_each(spec, spec.paths, spec.split, "train", tokenizer)
+    dropped = 0
+    if spec.eval_path is not None:
+        # one training dataset: its held-out file's rows share its name (and so its reward)
+        name = default_name(spec.paths[0]) if len(spec.paths) == 1 else None
+        held_out, eval_reports = _load_each(
+            spec, (spec.eval_path,), spec.split, "eval", tokenizer, name
+        )
+        reports += eval_reports
+    elif spec.eval_split is not None:
+        held_out, eval_reports = _load_each(spec, spec.paths, spec.eval_split, "eval", tokenizer)
+        reports += eval_reports
     elif spec.eval_fraction > 0:
         train, held_out, dropped = hold_out(train, spec.eval_fraction, spec.seed)
     else:
@@ -87,18 +97,40 @@ def load_dataset_tasks(spec: DatasetSpec, tokenizer=None) -> DatasetTasks:
     if not train:
         raise ConfigError(
             f"{SETTING}.eval_fraction = {spec.eval_fraction} leaves no training rows of "
-            f"{report.num_loaded}; lower it"
+            f"{reports[0].num_loaded}; lower it"
         )
+    rewards = (resolve_rewards if spec.require_answer else known_rewards)(train + held_out, spec)
     return DatasetTasks(
-        name=name,
+        name=spec.name or "+".join(default_name(p) for p in spec.paths),
         train=train,
         eval=held_out,
-        rewards=resolve_rewards(train + held_out, spec),
+        rewards=rewards,
         seed=spec.seed,
         shuffle=spec.shuffle,
         reports=reports,
         num_train_dropped=dropped,
     )
+
+
+def _load_each(
+    spec: DatasetSpec,
+    paths: Sequence[str],
+    split: str,
+    role: str,
+    tokenizer,
+    default: str | None = None,
+) -> tuple[list[Task], list[LoadReport]]:
+    """The tasks of every path in turn (ids carry the dataset's name when there are several, so
+    they stay unique) and each path's report. Rows without a data_source take `spec.name`, else
+    `default`, else their file's name."""
+    tasks, reports = [], []
+    for path in paths:
+        name = spec.name or default or default_name(path)
+        prefix = f"{name}/{role}" if len(paths) > 1 else role
+        loaded, report = load_tasks(spec, path, split, prefix, name, tokenizer)
+        tasks += loaded
+        reports.append(report)
+    return tasks, reports
 
 
 def load_tasks(
@@ -124,9 +156,14 @@ def load_tasks(
                 tasks.append(dataclasses.replace(record, info=info))
                 continue
             if cols is None:
-                cols = resolve_columns(record, spec.columns, spec.require_answer, path)
+                cols = resolve_columns(
+                    record, spec.columns, spec.require_answer, path, spec.require_solution
+                )
                 report.schema, report.columns = cols.schema, cols.as_dict()
             tasks.append(record_to_task(record, cols, f"{role}-{row}", row, name))
+            if spec.require_solution and tasks[-1].solution is None:
+                tasks.pop()
+                raise BadRow("missing solution", "no reference response to train on")
         except BadRow as bad:
             report.add_bad(bad.reason, row, bad.detail)
     if tokenizer is not None and spec.max_prompt_tokens is not None:

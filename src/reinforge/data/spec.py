@@ -43,10 +43,11 @@ class ColumnMap:
 class DatasetSpec:
     """One dataset to train on, and where its held-out evaluation tasks come from."""
 
-    path: str
+    path: str | tuple[str, ...]
     """A .jsonl/.json/.parquet/.csv/.tsv file, a folder (a saved HF dataset, parquet files, or
     data files `datasets.load_dataset` reads), a hub name when online, or a generator
-    `"module:function"` / `"path/to/file.py:function"`."""
+    `"module:function"` / `"path/to/file.py:function"`; or several of these, whose rows are
+    trained on together (each keeps its own default data_source)."""
     format: Format = "auto"
     """How to read `path`; auto decides from the suffix, the folder, or the colon of a generator.
     "json" is one JSON array of records; "jsonl" one record per line."""
@@ -79,7 +80,10 @@ class DatasetSpec:
     prompts are never truncated)."""
     require_answer: bool = True
     """Rows need a ground-truth answer; False for data without one (SFT, or a custom reward that
-    ignores task.answer)."""
+    ignores task.answer). Without it, rewards are resolved only where the rows have answers and
+    every data source has a known reward (else the tasks cannot be scored: `can_score`)."""
+    require_solution: bool = False
+    """Rows need a reference solution (for SFT): rows without one are bad rows."""
     reward: str = "auto"
     """Reward of every row: a name in `reinforge.data.rewards.DATA_REWARDS` or "module:function";
     "auto" picks one per data_source (verl's source names, `reward_by_source`, ability "math")."""
@@ -90,6 +94,8 @@ class DatasetSpec:
     directory)."""
 
     def __post_init__(self):
+        if isinstance(self.path, list):
+            object.__setattr__(self, "path", tuple(self.path))
         if isinstance(self.columns, Mapping):
             unknown = set(self.columns) - {f.name for f in fields(ColumnMap)}
             if unknown:
@@ -98,6 +104,10 @@ class DatasetSpec:
                     f"{[f.name for f in fields(ColumnMap)]}"
                 )
             object.__setattr__(self, "columns", ColumnMap(**self.columns))
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return (self.path,) if isinstance(self.path, str) else self.path
 
     def resolve(self, path: str) -> str:
         """`path` made absolute against `base_dir` when it names something there."""
@@ -110,7 +120,7 @@ class DatasetSpec:
 def check_spec(spec: DatasetSpec) -> None:
     """Refuse settings that contradict each other, naming the one to change."""
     s = SETTING
-    if not spec.path:
+    if not spec.path or not all(spec.paths):
         raise ConfigError(f'{s}.path is empty; give a file, folder or hub name, e.g. "train.jsonl"')
     if spec.format not in FORMATS:
         raise ConfigError(f"{s}.format = {spec.format!r} is not one of {list(FORMATS)}")

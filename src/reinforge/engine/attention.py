@@ -51,10 +51,13 @@ def write_kv_index_copy(
 
 
 def gather_pages(cache: torch.Tensor, block_tables_BP: torch.Tensor) -> torch.Tensor:
-    """[B, kv_heads, max_pages * block_size, head_dim] view of each sequence's pages in order."""
-    pages = cache[block_tables_BP]  # [B, P, block_size, K, D]
-    B, P, S, K, D = pages.shape
-    return pages.reshape(B, P * S, K, D).transpose(1, 2)
+    """[B, kv_heads, max_pages * block_size, head_dim] view of each sequence's pages in order.
+    One `index_select` over the flat page list: on CPU it copies at about twice the speed of
+    indexing with the 2-D table."""
+    B, P = block_tables_BP.shape
+    _, S, K, D = cache.shape
+    pages = cache.index_select(0, block_tables_BP.reshape(-1))  # [B * P, block_size, K, D]
+    return pages.view(B, P * S, K, D).transpose(1, 2)
 
 
 def prefill_sdpa(
@@ -86,13 +89,15 @@ def prefill_sdpa(
 
 def decode_sdpa(q_BHD, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """One query per sequence over its pages; padding past each context length is masked."""
-    k = gather_pages(k_cache, meta.block_tables)
+    k = gather_pages(k_cache, meta.block_tables)  # [B, K, L, D]
     v = gather_pages(v_cache, meta.block_tables)
+    B, H, D = q_BHD.shape
+    num_kv_heads = k.shape[1]
     mask = torch.arange(k.shape[2], device=k.device)[None, :] < meta.context_lens[:, None]
-    o = F.scaled_dot_product_attention(
-        q_BHD[:, :, None], k, v, attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True
-    )
-    return o[:, :, 0]
+    # the query heads of one KV head attend as that head's rows: no K/V expansion per head
+    q_BKGD = q_BHD.view(B, num_kv_heads, H // num_kv_heads, D)
+    o = F.scaled_dot_product_attention(q_BKGD, k, v, attn_mask=mask[:, None, None, :], scale=scale)
+    return o.reshape(B, H, D)
 
 
 SDPA_BACKEND = AttentionBackend(

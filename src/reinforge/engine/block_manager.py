@@ -96,3 +96,17 @@ class BlockManager:
         self.ref_counts[block] -= 1
         if self.ref_counts[block] == 0:
             self.free_blocks.append(block)
+
+
+def pages_to_run_at_once(
+    prompt_lens: list[int], max_new_tokens: int, n: int, block_size: int
+) -> int:
+    """Pages that hold every sequence of one generate at full length at once: each prompt's full
+    pages once (shared by its n samples), and per sample its copy of the partial prompt page and
+    its response pages (the last sampled token is never written)."""
+    total = 0
+    for prompt_len in prompt_lens:
+        shared = prompt_len // block_size
+        own = num_blocks_for(prompt_len + max_new_tokens - 1, block_size) - shared
+        total += shared + n * own
+    return total

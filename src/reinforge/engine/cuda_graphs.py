@@ -5,10 +5,12 @@ page table, padded to the bucket) and writes logits into one shared buffer, so a
 small host-to-device copy and one replay instead of a few hundred kernel launches. Graphs are
 captured largest bucket first into one memory pool, the first time a decode needs them.
 
-A graph holds the addresses of the tensors it read at capture: the model's parameters and the KV
-pool. Parameters updated in place (an optimizer step, `load_state_dict`, `copy_`) are seen by the
-next replay; a parameter *replaced* by a new tensor is caught by `check_params`, which drops the
-graphs so they are captured again.
+A graph holds the addresses of the tensors it read at capture: the model's parameters (LoRA A/B
+included) and the KV pool. Parameters updated in place (an optimizer step, `load_state_dict`,
+`copy_`) are seen by the next replay; a parameter *replaced* by a new tensor, or a change of the
+adapters' state that the forward's Python decided at capture (`disable_adapter()`, another active
+adapter, a new scaling: `lora_forward.adapter_state`), is caught by `check_params`, which drops
+the graphs so they are captured again.
 
 Padded rows attend to one token of page 0 and write no K/V (slot -1); their logits are ignored.
 """
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 
 from reinforge.engine.attention import AttentionMetadata
+from reinforge.engine.lora_forward import adapter_state
 from reinforge.engine.qwen_forward import forward
 from reinforge.engine.sequence import Sequence
 
@@ -75,19 +78,20 @@ class DecodeGraphs:
         self.logits = torch.empty((self.max_batch_size, vocab), dtype=runner.dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
-        self.param_ptrs = self._param_ptrs()
+        self.capture_key = self._capture_key()
         self.capture_seconds = 0.0
 
     def fits(self, batch_size: int) -> bool:
         return batch_size <= self.max_batch_size
 
     def check_params(self) -> None:
-        """Drop the graphs if any parameter tensor moved since capture."""
-        ptrs = self._param_ptrs()
-        if ptrs != self.param_ptrs:
+        """Drop the graphs if any parameter tensor moved, or the adapters' state changed, since
+        capture."""
+        key = self._capture_key()
+        if key != self.capture_key:
             self.graphs.clear()
             self.pool = None
-            self.param_ptrs = ptrs
+            self.capture_key = key
 
     def run(self, seqs: list[Sequence], prev_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Replays the decode step of `seqs`; returns their logits [len(seqs), vocab] (a view of
@@ -182,5 +186,6 @@ class DecodeGraphs:
             self.pool = graph.pool()
         self.graphs[bucket] = graph
 
-    def _param_ptrs(self) -> tuple[int, ...]:
-        return tuple(p.data_ptr() for p in self.runner.model.parameters())
+    def _capture_key(self) -> tuple:
+        model = self.runner.model
+        return (tuple(p.data_ptr() for p in model.parameters()), adapter_state(model))

@@ -14,16 +14,28 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from reinforge.engine.attention import AttentionMetadata, select_attention_backend
 from reinforge.engine.base import SamplingParams
+from reinforge.engine.cuda_graphs import (
+    CONTEXT_LENS,
+    IDS,
+    NUM_ROW_FIELDS,
+    POSITIONS,
+    SLOTS,
+    decode_rows,
+)
+from reinforge.engine.lora_forward import causal_lm, prepare_adapters
 from reinforge.engine.qwen_forward import TORCH_OPS, ForwardOps, ModelShape, forward, rope_table
 from reinforge.engine.sampling import sample
 from reinforge.engine.scheduler import Batch
 from reinforge.engine.sequence import Sequence, num_blocks_for
 
-DEFAULT_CPU_KV_BYTES = 64 * 2**20
+# With no budget given off CUDA, the pool grows to what each generate needs to run all its
+# sequences at once (no preemption), up to this many bytes.
+CPU_KV_GROWTH_LIMIT_BYTES = 2**30
 # On an accelerator with no budget given, the pool takes the free memory minus this reserve for
 # activations (prefill, logits, sampler, graph pool) and the allocator's fragmentation.
 GPU_RESERVE_FRACTION = 0.05  # of total memory
@@ -59,20 +71,18 @@ def num_blocks_for_budget(
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 8192,
 ) -> int:
-    """Pages that fit in `kv_cache_bytes`; by default a modest CPU budget, or the accelerator's
-    free memory less a reserve for activations (`GPU_RESERVE_*` + `activation_bytes`)."""
+    """Pages that fit in `kv_cache_bytes`; by default (CUDA only) the device's free memory less a
+    reserve for activations (`GPU_RESERVE_*` + `activation_bytes`)."""
     if kv_cache_bytes is None:
         device = next(model.parameters()).device
-        if device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(device)
-            reserve = (
-                GPU_RESERVE_FRACTION * total
-                + GPU_RESERVE_BYTES
-                + activation_bytes(model, max_num_seqs, max_num_batched_tokens)
-            )
-            kv_cache_bytes = int(free - reserve)
-        else:
-            kv_cache_bytes = DEFAULT_CPU_KV_BYTES
+        assert device.type == "cuda", "off CUDA the pool grows with the requests (PagedEngine)"
+        free, total = torch.cuda.mem_get_info(device)
+        reserve = (
+            GPU_RESERVE_FRACTION * total
+            + GPU_RESERVE_BYTES
+            + activation_bytes(model, max_num_seqs, max_num_batched_tokens)
+        )
+        kv_cache_bytes = int(free - reserve)
     num_blocks = kv_cache_bytes // kv_bytes_per_block(model, block_size)
     if num_blocks < 1:
         raise ValueError(
@@ -123,7 +133,7 @@ class ModelRunner:
     ):
         """`use_cuda_graphs`: None takes them where they work (CUDA, Triton backend, a rope that
         can be tabulated)."""
-        self.model = model
+        self.model = causal_lm(model)  # PEFT's layers live inside it: read in place too
         self.block_size = block_size
         self.shape = ModelShape.from_config(model.config)
         param = next(model.parameters())
@@ -132,12 +142,7 @@ class ModelRunner:
         self.backend = select_attention_backend(self.device)
         self.is_fast_path = self.backend.name == "triton-paged"
         self.ops = select_ops(self.device) if self.is_fast_path else TORCH_OPS
-        s = self.shape
-        self.kv_cache = torch.zeros(
-            (s.num_layers, 2, num_blocks, block_size, s.num_kv_heads, s.head_dim),
-            dtype=param.dtype,
-            device=self.device,
-        )
+        self.kv_cache = self._new_pool(num_blocks)
         self.max_num_seqs = max_num_seqs
         if use_cuda_graphs is None:
             use_cuda_graphs = self.is_fast_path
@@ -149,6 +154,32 @@ class ModelRunner:
         self.max_model_len = 0
         self.rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.ensure_max_len(getattr(model.config, "max_position_embeddings", 0) or 4096)
+
+    def _new_pool(self, num_blocks: int) -> torch.Tensor:
+        # zeros, not empty: decode attention masks the unused tail of a sequence's last page,
+        # and a masked NaN would still poison the weighted sum
+        s = self.shape
+        return torch.zeros(
+            (s.num_layers, 2, num_blocks, self.block_size, s.num_kv_heads, s.head_dim),
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_cache.shape[2]
+
+    def grow_pool(self, num_blocks: int) -> None:
+        """A larger pool, between generates (its contents are not kept: no step is in flight and
+        nothing is cached across calls). Graphs captured over the old pool are dropped."""
+        if num_blocks <= self.num_blocks:
+            return
+        del self.kv_cache  # free the old pool before allocating the new one
+        self.kv_cache = self._new_pool(num_blocks)
+        if self.graphs is not None:
+            from reinforge.engine.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self, self.max_num_seqs)
 
     @property
     def max_pages(self) -> int:
@@ -173,6 +204,7 @@ class ModelRunner:
                 self.graphs = DecodeGraphs(self, self.max_num_seqs)
 
     def begin_generate(self) -> None:
+        prepare_adapters(self.model)
         if self.graphs is not None:
             self.graphs.check_params()
 
@@ -296,37 +328,48 @@ class ModelRunner:
             positions += range(start, end)
             slots += (seq.slot(p, self.block_size) for p in range(start, end))
             query_lens.append(end - start)
-        logits_indices = torch.tensor(query_lens).cumsum(0) - 1
-        return self._tensors(seqs, input_ids, positions, slots, query_lens, logits_indices, True)
-
-    def _prepare_decode(self, seqs: list[Sequence]):
-        for seq in seqs:
-            assert seq.num_cached_tokens == seq.num_tokens - 1, "decode writes one token"
-        positions = [seq.num_tokens - 1 for seq in seqs]
-        slots = [seq.slot(p, self.block_size) for seq, p in zip(seqs, positions)]
-        input_ids = [seq.last_token_id for seq in seqs]
-        return self._tensors(seqs, input_ids, positions, slots, [1] * len(seqs), None, False)
-
-    def _to_device(self, values) -> torch.Tensor:
-        return torch.as_tensor(values, dtype=torch.long).to(self.device, non_blocking=True)
-
-    def _tensors(self, seqs, input_ids, positions, slots, query_lens, logits_indices, is_prefill):
-        max_pages = max(len(seq.block_table) for seq in seqs)
-        tables = [seq.block_table + [0] * (max_pages - len(seq.block_table)) for seq in seqs]
-        context_lens = [seq.num_tokens for seq in seqs]
         cu_seqlens = None
-        if is_prefill and self.is_fast_path:
+        if self.is_fast_path:
             cu = torch.tensor([0, *query_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
             cu_seqlens = cu.to(self.device, non_blocking=True)
+        context_lens = [seq.num_tokens for seq in seqs]
         meta = AttentionMetadata(
-            is_prefill=is_prefill,
+            is_prefill=True,
             slot_mapping=self._to_device(slots),
-            block_tables=self._to_device(tables),
+            block_tables=self._page_tables(seqs),
             context_lens=self._to_device(context_lens),
             query_lens=query_lens,
             context_lens_host=context_lens,
             cu_seqlens=cu_seqlens,
         )
-        if logits_indices is not None:
-            logits_indices = self._to_device(logits_indices)
+        logits_indices = self._to_device(torch.tensor(query_lens).cumsum(0) - 1)
         return self._to_device(input_ids), self._to_device(positions), meta, logits_indices
+
+    def _prepare_decode(self, seqs: list[Sequence]):
+        """The graphs' per-sequence rows (one pass over the sequences, one host-to-device copy),
+        for an eager decode."""
+        n = len(seqs)
+        rows = np.empty((NUM_ROW_FIELDS, n), dtype=np.int64)
+        decode_rows(seqs, self.block_size, rows)
+        cached = [seq.num_cached_tokens for seq in seqs]
+        assert cached == rows[POSITIONS].tolist(), "decode writes one token"
+        rows_dev = torch.from_numpy(rows).to(self.device, non_blocking=True)
+        meta = AttentionMetadata(
+            is_prefill=False,
+            slot_mapping=rows_dev[SLOTS],
+            block_tables=self._page_tables(seqs),
+            context_lens=rows_dev[CONTEXT_LENS],
+            query_lens=[1] * n,
+            context_lens_host=rows[CONTEXT_LENS].tolist(),
+        )
+        return rows_dev[IDS], rows_dev[POSITIONS], meta, None
+
+    def _page_tables(self, seqs: list[Sequence]) -> torch.Tensor:
+        """[B, max pages] page tables, 0-padded."""
+        tables = np.zeros((len(seqs), max(len(seq.block_table) for seq in seqs)), dtype=np.int64)
+        for row, seq in zip(tables, seqs):
+            row[: len(seq.block_table)] = seq.block_table
+        return torch.from_numpy(tables).to(self.device, non_blocking=True)
+
+    def _to_device(self, values) -> torch.Tensor:
+        return torch.as_tensor(values, dtype=torch.long).to(self.device, non_blocking=True)

@@ -16,9 +16,16 @@ from dataclasses import dataclass, field
 
 import torch
 
+from reinforge import watchdog
 from reinforge.engine.base import GenerationStats, SamplingParams
-from reinforge.engine.block_manager import BlockManager
-from reinforge.engine.model_runner import LaunchedStep, ModelRunner, num_blocks_for_budget
+from reinforge.engine.block_manager import BlockManager, pages_to_run_at_once
+from reinforge.engine.model_runner import (
+    CPU_KV_GROWTH_LIMIT_BYTES,
+    LaunchedStep,
+    ModelRunner,
+    kv_bytes_per_block,
+    num_blocks_for_budget,
+)
 from reinforge.engine.qwen_forward import unsupported_reason
 from reinforge.engine.scheduler import Batch, Scheduler
 from reinforge.engine.sequence import Sequence
@@ -42,8 +49,11 @@ class PagedEngine:
         use_cuda_graphs: bool | None = None,
     ):
         """`num_blocks` sets the pool size in pages; otherwise it is what fits in
-        `kv_cache_bytes` (default: 64 MiB on CPU; on an accelerator, the free memory less a
-        reserve for activations). `use_cuda_graphs`: None uses them where they work."""
+        `kv_cache_bytes`. With neither: on CUDA, the free memory less a reserve for
+        activations; elsewhere the pool grows before each generate to what its sequences need
+        at full length (up to `CPU_KV_GROWTH_LIMIT_BYTES`; beyond it they take turns).
+        A trainer sharing the device passes the memory planner's budget. `use_cuda_graphs`: None
+        uses them where they work."""
         self.model = model
         self.tokenizer = tokenizer
         self.block_size = block_size
@@ -60,12 +70,20 @@ class PagedEngine:
             )
             self.fallback = SimpleEngine(model, tokenizer, max_batch_size=max_num_seqs)
             return
-        if num_blocks is None:
+        device = next(model.parameters()).device
+        # off CUDA, with no size given, the pool follows the requests (up to a limit)
+        self.pool_grows = num_blocks is None and kv_cache_bytes is None and device.type != "cuda"
+        if self.pool_grows:
+            num_blocks = 1  # sized by each generate (`_grow_pool`)
+        elif num_blocks is None:
             num_blocks = num_blocks_for_budget(
                 model, block_size, kv_cache_bytes, max_num_seqs, max_num_batched_tokens
             )
-        self.num_blocks = num_blocks
         self.runner = ModelRunner(model, num_blocks, block_size, max_num_seqs, use_cuda_graphs)
+
+    @property
+    def num_blocks(self) -> int:
+        return self.runner.num_blocks
 
     @property
     def stats(self) -> GenerationStats:
@@ -75,6 +93,8 @@ class PagedEngine:
         if self.fallback is not None:
             return self.fallback.generate(prompts, params)
         start = time.perf_counter()
+        if self.pool_grows:
+            self._grow_pool(prompts, params)
         scheduler = Scheduler(
             BlockManager(self.num_blocks, self.block_size),
             self.max_num_seqs,
@@ -101,6 +121,12 @@ class PagedEngine:
         timers.capture = self.runner.graph_capture_seconds - capture_before
         self._record_stats(groups, scheduler, start, timers)
         return [[self._completion(seq) for seq in group] for group in groups]
+
+    def _grow_pool(self, prompts: list[list[int]], params: SamplingParams) -> None:
+        bs = self.block_size
+        want = pages_to_run_at_once(list(map(len, prompts)), params.max_new_tokens, params.n, bs)
+        limit = CPU_KV_GROWTH_LIMIT_BYTES // kv_bytes_per_block(self.model, bs)
+        self.runner.grow_pool(min(want, limit))
 
     def _launch_ahead(self, scheduler, inflight, params, generator, timers) -> LaunchedStep | None:
         """Queue decode N+1 before step N (in flight) is read back, when nothing N's tokens
@@ -134,6 +160,7 @@ class PagedEngine:
         token_ids, logprobs = step.result()  # waits for the device
         waited = time.perf_counter()
         scheduler.commit(step.batch, token_ids, logprobs, finish_reason)
+        watchdog.beat()  # a step done is progress (the model's own forward hooks never run here)
         timers.add(step.batch.is_prefill, "wait", waited - start)
         timers.add(step.batch.is_prefill, "commit", time.perf_counter() - waited)
 

@@ -2,7 +2,9 @@
 
 It reads the transformers model's parameters in place on every call
 (`model.model.layers[i].self_attn.q_proj.weight`, ...) and copies none, so an optimizer step on
-the trainer's model is seen by the next generation with nothing to sync. The three families
+the trainer's model is seen by the next generation with nothing to sync. `model` is the
+transformers model (`lora_forward.causal_lm` unwraps a PEFT model); projections that PEFT gave a
+LoRA adapter apply it from its live A/B tensors (`lora_forward.linear`). The three families
 differ only in optional pieces, each taken when the module has it: q/k/v biases (Qwen2),
 per-head q/k RMSNorm (Qwen3), and tied embeddings (read through `lm_head`, which then holds the
 embedding tensor). RoPE comes from the model's own rotary module, so every rope type transformers
@@ -24,7 +26,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from reinforge.engine import lora_forward
 from reinforge.engine.attention import AttentionBackend, AttentionMetadata
+from reinforge.engine.lora_forward import causal_lm, is_lora_layer, linear
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 
@@ -56,7 +60,8 @@ class ModelShape:
 
 
 def unsupported_reason(model) -> str | None:
-    """Why this model cannot take the paged forward, or None when it can."""
+    """Why this model (or PEFT model) cannot take the paged forward, or None when it can."""
+    model = causal_lm(model)
     config = model.config
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         return f"architecture {config.model_type!r} has no paged forward (only {SUPPORTED_MODEL_TYPES})"
@@ -69,7 +74,7 @@ def unsupported_reason(model) -> str | None:
         return "sliding-window attention is not implemented in the paged forward"
     if getattr(config, "pretraining_tp", 1) not in (None, 1):
         return "pretraining_tp > 1 is not implemented in the paged forward"
-    return None
+    return lora_forward.unsupported_reason(model)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -124,10 +129,6 @@ def apply_rope(x_THD: torch.Tensor, cos_TD: torch.Tensor, sin_TD: torch.Tensor) 
     half = x_THD.shape[-1] // 2
     rotated = torch.cat((-x_THD[..., half:], x_THD[..., :half]), dim=-1)
     return x_THD * cos_TD[:, None] + rotated * sin_TD[:, None]
-
-
-def linear(x: torch.Tensor, proj: Any) -> torch.Tensor:
-    return F.linear(x, proj.weight, proj.bias)
 
 
 def attention_block(
@@ -199,7 +200,8 @@ def forward(
     if logits_indices_B is not None:
         hidden, delta = hidden[logits_indices_B], delta[logits_indices_B]
     last, _ = ops.add_rms_norm(hidden, delta, inner.norm.weight, eps)
-    if logits_out is not None and getattr(model.lm_head, "bias", None) is None:
-        return torch.mm(last, model.lm_head.weight.t(), out=logits_out)
+    head = model.lm_head
+    if logits_out is not None and not is_lora_layer(head) and head.bias is None:
+        return torch.mm(last, head.weight.t(), out=logits_out)
     logits = linear(last, model.lm_head)
     return logits if logits_out is None else logits_out.copy_(logits)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reinforge.errors import ConfigError
+from reinforge.faults import site
 
 STATUSES = ("ok", "unknown_tool", "invalid_arguments", "error", "timeout")
 
@@ -108,7 +109,8 @@ def call_tool(registry: Mapping[str, Tool], name: str, arguments: Any) -> ToolRe
             f"Error: invalid arguments for {name!r}: {'; '.join(problems)}.", "invalid_arguments"
         )
     try:
-        output = tool.fn(**kwargs)
+        with site("tool"):  # a watchdog phase, and a fault-injection site for drills
+            output = tool.fn(**kwargs)
     except Exception as e:  # the tool's own failure is news for the model, not a crash of the run
         return ToolResult(f"Error: {name!r} failed: {type(e).__name__}: {e}", "error")
     if isinstance(output, ToolOutput):

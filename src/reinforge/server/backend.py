@@ -15,13 +15,13 @@ from dataclasses import dataclass, replace
 import torch
 
 from reinforge.engine.base import Engine, SamplingParams
+from reinforge.engine.factory import ENGINES, build_engine
 from reinforge.errors import ConfigError
 from reinforge.server.detokenize import cut_at_stop, token_pieces
 from reinforge.server.protocol import RequestError
 from reinforge.types import Completion
 
 log = logging.getLogger("reinforge.server")
-ENGINES = ("auto", "paged", "simple")
 
 
 @dataclass
@@ -161,34 +161,20 @@ def load_served_model(
     served_model_name: str | None = None,
     max_model_len: int | None = None,
 ) -> ServedModel:
-    """Load `model_path` (a folder, a hub name or `builtin:NAME`) behind the chosen engine:
+    """Load `model_path` (a model or checkpoint folder, a run directory, `RUN_DIR/step_N`, a hub
+    name or `builtin:NAME`; see `reinforge.models.inference`) behind the chosen engine:
     'paged' (continuous batching, Qwen2/Qwen3/Llama), 'simple' (any causal LM), or 'auto'
     (paged when the architecture has a paged forward, else simple)."""
     if engine not in ENGINES:
         raise ConfigError(f"engine = {engine!r} is unknown; use one of {list(ENGINES)}")
-    from reinforge.engine.paged import PagedEngine
-    from reinforge.engine.qwen_forward import unsupported_reason
-    from reinforge.engine.simple import SimpleEngine
-    from reinforge.train.common import (
-        load_model,
-        load_tokenizer,
-        model_source,
-        resolve_device,
-        resolve_dtype,
-    )
+    from reinforge.models.inference import load_inference_model, resolve_model
+    from reinforge.train.common import resolve_device, resolve_dtype
 
-    source = model_source(model_path, seed=0)
-    tokenizer = load_tokenizer(source)
     torch_device = resolve_device(device)
-    model = load_model(source, torch_device, resolve_dtype(dtype, torch_device))
-    model.eval().requires_grad_(False)
-    reason = unsupported_reason(model)
-    if engine == "simple" or (engine == "auto" and reason is not None):
-        if engine == "auto":
-            log.warning("serving with SimpleEngine: %s", reason)
-        chosen: Engine = SimpleEngine(model, tokenizer)
-    else:
-        chosen = PagedEngine(model, tokenizer)
+    model, tokenizer = load_inference_model(
+        resolve_model(model_path), torch_device, resolve_dtype(dtype, torch_device)
+    )
+    chosen = build_engine(model, tokenizer, engine, setting="engine")
     context = model.config.max_position_embeddings
     if max_model_len is not None and max_model_len > context:
         raise ConfigError(

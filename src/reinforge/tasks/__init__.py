@@ -13,6 +13,9 @@ from reinforge.types import Task
 
 
 class TaskSource(Protocol):
+    """Optionally also `can_score: bool`: False for a source whose tasks have no reward (SFT
+    conversations without answers); absent means True."""
+
     name: str
 
     def train_task(self, index: int) -> Task: ...
@@ -24,9 +27,38 @@ class TaskSource(Protocol):
         ...
 
 
-def build_task_source(cfg) -> TaskSource:
+def task_source_for(cfg, tokenizer=None) -> TaskSource:
+    """The task source of a command's config `cfg` (a root): RL and evaluation score answers
+    (the root's `needs_task_answers`), an SFT stage (`sft.steps > 0`) trains on solutions."""
+    sft = getattr(cfg, "sft", None)
+    return build_task_source(
+        cfg.task,
+        tokenizer,
+        needs_answers=getattr(type(cfg), "needs_task_answers", True),
+        needs_solutions=sft is not None and sft.steps > 0,
+    )
+
+
+def build_task_source(
+    cfg, tokenizer=None, *, needs_answers: bool = True, needs_solutions: bool = False
+) -> TaskSource:
+    """The task source `cfg` (a `[task]` variant) names. Data read from files also gets the
+    tokenizer (for the prompt token budget) and what the command needs of each row; generated
+    tasks always have both an answer and a solution."""
+    from reinforge.tasks.dataset import load_dataset_source
+
+    loaders = {"dataset": load_dataset_source}
+    if cfg.name in loaders:
+        return loaders[cfg.name](cfg, tokenizer, needs_answers, needs_solutions)
+    from reinforge.envs.sources import ENV_TASKS
     from reinforge.tasks.arithmetic import ArithmeticTasks
     from reinforge.tasks.countdown import CountdownTasks
+    from reinforge.tasks.random_tokens import RandomTokensTasks
 
-    sources = {"arithmetic": ArithmeticTasks, "countdown": CountdownTasks}
+    sources = {
+        "arithmetic": ArithmeticTasks,
+        "countdown": CountdownTasks,
+        "random_tokens": RandomTokensTasks,
+        **ENV_TASKS,  # played as multi-turn episodes (envs/sources.py)
+    }
     return sources[cfg.name](cfg)

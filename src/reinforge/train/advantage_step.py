@@ -6,8 +6,8 @@ functions: GAE, which needs values, and the EMA baseline, which holds state), th
 from `presets.POLICY_LOSSES`, and its settings. No branch in the loop names an algorithm.
 
 Order within a step (docs/algorithms.md, "Wiring into the loop"):
-1. `build_step_batch`: completion rows of the step, the loss mask (truncated completions out of
-   it when `mask_truncated`), the sampler's logprobs.
+1. `build_step_batch`: completion rows of the step, the loss mask (env tokens of multi-turn
+   episodes out of it; truncated completions too when `mask_truncated`), the sampler's logprobs.
 2. (the trainer fills reference logprobs and old values: `learner.score_with_models`)
 3. `assign_advantages`: shape rewards (DAPO's overlong penalty; a sequence KL penalty), then
    the estimator: one advantage per sequence [B], or per token [B, T] with GAE returns.
@@ -76,10 +76,20 @@ def build_step_batch(groups: list[Group], a: AlgorithmSection, device) -> StepBa
     group_size = len(groups[0].trajectories)
     assert all(len(g.trajectories) == group_size for g in groups), "groups of equal size"
     sampler_BT = to_rows([t.completion.logprobs for t in trajs], device)
-    mask_BT = to_rows([[1.0] * t.num_completion_tokens for t in trajs], device)
+    mask_BT = to_rows([loss_mask(t) for t in trajs], device)
     if a.mask_truncated:
         mask_BT = mask_truncated(mask_BT, [t.completion.finish_reason for t in trajs])
     return StepBatch(trajs, group_size, mask_BT, sampler_BT)
+
+
+def loss_mask(traj: Trajectory) -> list[float]:
+    """1 for each completion id the sampler produced, 0 for env ids inside a multi-turn episode
+    (tool outputs, game boards: the model never chose them, so they carry no loss and no KL)."""
+    c = traj.completion
+    if c.loss_mask is None:
+        return [1.0] * len(c.token_ids)
+    assert len(c.loss_mask) == len(c.token_ids) == len(c.logprobs), "mask and ids out of step"
+    return [float(m) for m in c.loss_mask]
 
 
 def to_rows(values: list[list[float]], device) -> torch.Tensor:

@@ -40,10 +40,13 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def model_source(path: str, seed: int) -> str:
     """A loadable folder or hub name for `model.path` (building a built-in model on first use)."""
+    from reinforge.models.shapes import is_shape, shape_source
     from reinforge.models.tiny import builtin_path, is_builtin
 
     if is_builtin(path):
         return str(builtin_path(path.split(":", 1)[1], seed))
+    if is_shape(path):
+        return str(shape_source(path, seed))
     return path
 
 
@@ -51,6 +54,10 @@ def load_tokenizer(source: str):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(source)
+    if not matches_saved_pipeline(tok, source):
+        from transformers import PreTrainedTokenizerFast
+
+        tok = PreTrainedTokenizerFast.from_pretrained(source)
     if not tok.chat_template:
         raise ConfigError(
             f"the tokenizer at {source!r} has no chat template; set model.tokenizer to one that has "
@@ -61,14 +68,33 @@ def load_tokenizer(source: str):
     return tok
 
 
+def matches_saved_pipeline(tok, source: str) -> bool:
+    """False when transformers 5's AutoTokenizer swapped the folder's own `tokenizer.json` model
+    for the one its `model_type` implies (it builds a byte-level BPE Qwen2Tokenizer for a
+    word-level tokenizer saved beside a qwen2 config, and then encodes every word to nothing)."""
+    import json
+
+    saved = Path(source) / "tokenizer.json"
+    backend = getattr(tok, "backend_tokenizer", None)
+    if not saved.is_file() or backend is None:
+        return True
+    saved_type = json.loads(saved.read_text())["model"].get("type")
+    return saved_type is None or saved_type == type(backend.model).__name__
+
+
 def load_model(
     source: str, device: torch.device, dtype: torch.dtype, gradient_checkpointing: bool = False
 ):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    from reinforge.models.shapes import build_shape_model, is_shape_folder
+
     hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
+    if is_shape_folder(source):
+        model = build_shape_model(source, device, dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -140,3 +166,12 @@ def token_logprobs(
 
 def run_dir_of(cfg) -> Path:
     return Path(cfg.run.output_dir) / cfg.run.name
+
+
+def device_memory_metrics(device: torch.device) -> dict[str, float]:
+    """Peak accelerator memory since the last call (GiB), then reset: one figure per step."""
+    if device.type != "cuda":
+        return {}
+    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    torch.cuda.reset_peak_memory_stats(device)
+    return {"gpu_peak_gib": peak}

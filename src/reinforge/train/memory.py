@@ -1,5 +1,5 @@
 """The run's memory plan, made before any weights load: what the planner (`train.planner`) is told,
-the budget it plans in, and the two choices the trainer takes from it.
+the budget it plans in, and the choices the trainer takes from it.
 
 - Budget: on CUDA the device's free memory now; on a CPU the machine's available RAM (Linux
   `MemAvailable`), where weights, activations and optimizer states live alike. Where neither can
@@ -9,6 +9,10 @@ the budget it plans in, and the two choices the trainer takes from it.
   them unset / "auto". Set values are planned with as given, and refused (naming what fits) when
   they cannot fit. `resolve_memory` writes the choices into the config, so the rest of the run
   reads concrete values.
+- KV cache: the paged engine's page pool is the plan's (`MemoryChoice.kv_cache_bytes`: the
+  whole step's rollout when it fits beside training), or `rollout.kv_cache_bytes` when set (the
+  planner plans around it). The engine never sizes itself from "all free memory" in a run: the
+  trainer shares the device.
 - Caps: packed micro-batches on a CPU attend through a block-diagonal [L, L] mask, whose cost
   grows with L^2 while the planner models flash-style attention, so on a CPU a chosen budget is
   capped at `CPU_MAX_MICRO_TOKENS`; the deprecated `train.micro_batch_size` caps it at that many
@@ -25,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from reinforge.config_envs import is_env_task
+from reinforge.envs.sources import EnvTasks
 from reinforge.errors import ConfigError
 from reinforge.train.planner import (
     ModelShape,
@@ -56,6 +62,9 @@ class MemoryChoice:
     gradient_checkpointing: bool
     plan: Plan | None
     budget_note: str  # where the budget came from, or why there is no plan
+    # the paged engine's KV pool: the plan's, `rollout.kv_cache_bytes` when set, else None (no
+    # plan and no setting: the engine's own default)
+    kv_cache_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,13 +96,18 @@ def choose_memory(
     t, checkpointing = cfg.train, cfg.model.gradient_checkpointing
     micro_tokens = t.micro_batch_tokens or resumed_micro_tokens
     forced_checkpointing = None if checkpointing == "auto" else bool(checkpointing)
+    kv_bytes = getattr(getattr(cfg, "rollout", None), "kv_cache_bytes", None)
     free, budget_note = memory_budget(device)
     missing = [k for k in REQUIRED_CONFIG_KEYS if k not in model_config]
     if free is None or missing:
         note = budget_note if free is None else f"the planner does not know this model ({missing})"
         tokens = micro_tokens or _capped(cfg, DEFAULT_MICRO_TOKENS, device, work)
         return MemoryChoice(
-            max(tokens, work.max_seq_len), bool(forced_checkpointing), None, f"no plan: {note}"
+            max(tokens, work.max_seq_len),
+            bool(forced_checkpointing),
+            None,
+            f"no plan: {note}",
+            kv_bytes,
         )
     rank = cfg.model.lora.rank or None
     plan = plan_memory(
@@ -108,6 +122,7 @@ def choose_memory(
             lora_trainable_params=lora_trainable_params if rank else None,
             optimizer={"float32": "adamw_fp32", "bfloat16": "adamw_bf16"}[cfg.optim.state_dtype],
             micro_batch_tokens=micro_tokens,
+            kv_cache_bytes=kv_bytes,
             gradient_checkpointing=forced_checkpointing,
         )
     )
@@ -117,7 +132,9 @@ def choose_memory(
             f"train.micro_batch_tokens = {tokens} is shorter than the longest SFT sequence "
             f"({work.max_seq_len} tokens); use train.micro_batch_tokens >= {work.max_seq_len}"
         )
-    return MemoryChoice(tokens, plan.gradient_checkpointing, plan, budget_note)
+    return MemoryChoice(
+        tokens, plan.gradient_checkpointing, plan, budget_note, plan.kv_cache_bytes
+    )
 
 
 def _capped(cfg, tokens: int, device, work: Workload) -> int:
@@ -155,9 +172,13 @@ def workload(cfg, prompt_len: int, longest_solution: int) -> Workload:
     """The step shape: RL's rollout for `reinforge train`, the SFT batch for `reinforge sft`."""
     rollout = getattr(cfg, "rollout", None)
     if rollout is not None:
+        new_tokens = rollout.max_new_tokens
+        if is_env_task(cfg.task):  # an episode: every turn and env reply after the prompt
+            assert cfg.task.max_context is not None, "probe_lengths resolves the episode context"
+            new_tokens = cfg.task.max_context - prompt_len
         return Workload(
             prompt_len,
-            rollout.max_new_tokens,
+            new_tokens,
             rollout.samples_per_prompt,
             rollout.prompts_per_step,
             longest_solution if cfg.sft.steps else 0,
@@ -181,10 +202,15 @@ class Lengths:
 def probe_lengths(cfg, tokenizer) -> Lengths:
     """Token lengths over the held-out tasks and the first `NUM_TRAIN_PROMPTS_PROBED` training
     tasks."""
-    from reinforge.tasks import build_task_source
+    from reinforge.tasks import task_source_for
     from reinforge.train.common import eos_ids, render_prompt
 
-    tasks = build_task_source(cfg.task)
+    tasks = task_source_for(cfg, tokenizer)
+    if isinstance(tasks, EnvTasks):  # prompts as the env opens them; reference episodes for SFT
+        from reinforge.preflight import model_context
+        from reinforge.train.demos import episode_lengths
+
+        return episode_lengths(cfg, tokenizer, tasks, model_context(cfg)[0])
     probe = tasks.eval_tasks() + [tasks.train_task(i) for i in range(NUM_TRAIN_PROMPTS_PROBED)]
     solutions = [t.solution for t in probe if t.solution is not None]
     return Lengths(
@@ -236,6 +262,12 @@ def plan_rows(choice: MemoryChoice) -> list[tuple[str, str]]:
         ("memory budget", choice.budget_note),
         ("micro-batch tokens", tokens),
         ("gradient checkpointing", "on" if choice.gradient_checkpointing else "off"),
+        (
+            "KV cache (paged engine)",
+            format_bytes(choice.kv_cache_bytes)
+            if choice.kv_cache_bytes is not None
+            else "the engine's default (grows with the requests on a CPU)",
+        ),
     ]
     if choice.plan is not None:
         rows += [

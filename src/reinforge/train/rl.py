@@ -9,21 +9,27 @@ rollout samples from, with nothing to sync.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 
 import torch
 
+from reinforge import faults, watchdog
 from reinforge.algorithms.dapo import filter_zero_variance_groups
-from reinforge.checkpoint import TrainerState
+from reinforge.checkpoint import TrainerState, latest_checkpoint, rng_state, wait_for_saves
 from reinforge.config import TrainConfig
 from reinforge.engine.base import SamplingParams
+from reinforge.envs.sources import EnvTasks
+from reinforge.eval import logged_metrics
 from reinforge.metrics import console, format_line, plot_curves
 from reinforge.run import RunContext, Stopped, Summary
-from reinforge.tasks import build_task_source
+from reinforge.tasks import task_source_for
 from reinforge.train.advantage_step import assign_advantages, build_step_batch
-from reinforge.train.common import eos_ids, render_prompt
+from reinforge.train.common import device_memory_metrics, eos_ids, render_prompt
+from reinforge.train.env_rollout import env_rollout, episode_metrics
 from reinforge.train.learner import Learner, build_learner, score_with_models
+from reinforge.train.nonfinite import enforce_non_finite_policy
 from reinforge.train.session import (
     Policy,
     first_eval_from_log,
@@ -41,16 +47,17 @@ __all__ = ["render_prompt", "rl_step", "train"]
 
 
 def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
-    tasks = build_task_source(cfg.task)
     policy, state, ckpt = load_policy(cfg, ctx)
+    tasks = task_source_for(cfg, policy.tokenizer)
     logger = open_logger(cfg, ctx, state)
     summary = Summary("train", ctx.run_dir, final_step=state.step)
     eval_tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     try:
         if cfg.sft.steps > 0 and not state.sft_done:
             if state.phase != "sft":
-                summary.sft_eval_before = run_eval(cfg, policy, tasks, eval_tokens).accuracy
-                console.print(f"held-out accuracy before SFT: {summary.sft_eval_before:.3f}")
+                summary.sft_eval_before = log_eval(
+                    cfg, policy, tasks, None, 0, eval_tokens, "before SFT"
+                )
             state = sft_phase(cfg, ctx, policy, tasks, state, ckpt, logger, cfg.sft.steps)
             ckpt = None  # RL starts fresh from the SFT result
         learner = build_learner(cfg, ctx, policy, ckpt, state)
@@ -66,6 +73,7 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
                 logger.log(step, metrics)
                 console.print(format_line(step, metrics))
                 advance()
+                enforce_non_finite_policy(cfg.train, state, metrics, "RL")
                 between_steps(cfg, ctx, learner, tasks, logger, state, eval_tokens)
         if summary.steps_trained > 0:
             summary.eval_after = log_eval(
@@ -86,14 +94,18 @@ def rl_step(
     sampled, groups, sampling_metrics = sample_groups(cfg, learner.policy, tasks, state, step)
     gen_s = time.perf_counter() - start
     train_start = time.perf_counter()
-    batch = build_step_batch(groups, cfg.algorithm, learner.policy.device)
-    score_with_models(cfg, learner, batch)
-    shaping_metrics = assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
-    metrics = update_policy(cfg, learner, batch)
+    with faults.site("training") as poison:
+        batch = build_step_batch(groups, cfg.algorithm, learner.policy.device)
+        score_with_models(cfg, learner, batch)
+        shaping_metrics = assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
+        if poison:  # a drill: a NaN that reaches the gradient
+            batch.advantages.fill_(math.nan)
+        metrics = update_policy(cfg, learner, batch)
     logger.log_samples(step, sample_rows(learner.policy, groups, cfg.log.samples_per_step))
     num_generated = sum(t.num_completion_tokens for g in sampled for t in g.trajectories)
     return {
         **rollout_metrics(sampled),
+        **episode_metrics(sampled),
         **sampling_metrics,
         **shaping_metrics,
         **metrics,
@@ -103,6 +115,8 @@ def rl_step(
         "tokens_per_s": num_generated / max(gen_s, 1e-9),
         "lr": learner.scheduler.get_last_lr()[0],
         "data_position": float(state.data_position),
+        **device_memory_metrics(learner.policy.device),
+        **faults.step_metrics(),
     }
 
 
@@ -117,16 +131,22 @@ def sample_groups(
     want, a = cfg.rollout.prompts_per_step, cfg.algorithm
     sampled: list[Group] = []
     kept: list[Group] = []
+    errors = faults.RewardErrors()
     for round_index in range(a.max_sampling_rounds if a.dynamic_sampling else 1):
         missing = want - len(kept)
         num = want if not kept else min(want, math.ceil(missing * len(sampled) / len(kept)))
         batch_tasks = [tasks.train_task(state.data_position + i) for i in range(num)]
         state.data_position += num
-        groups = rollout(cfg, policy, batch_tasks, seed=rollout_seed(cfg, step, round_index))
-        score(groups, tasks)
+        seed = rollout_seed(cfg, step, round_index)
+        if isinstance(tasks, EnvTasks):  # multi-turn episodes, scored by the env
+            with faults.site("generation"):
+                groups = env_rollout(cfg, policy, tasks, batch_tasks, seed)
+        else:
+            groups = rollout(cfg, policy, batch_tasks, seed=seed)
+            score(groups, tasks, errors)
         sampled += groups
         if not a.dynamic_sampling:
-            return sampled, groups, {}
+            return sampled, groups, errors.metrics()
         kept += [g for g, keep in zip(groups, has_signal(groups)) if keep]
         if len(kept) >= want:
             break
@@ -140,6 +160,7 @@ def sample_groups(
             "sampling_rounds": float(round_index + 1),
             "dropped_groups": float(len(sampled) - len(kept)),
             "filled_groups": float(num_filled),
+            **errors.metrics(),
         },
     )
 
@@ -164,22 +185,28 @@ def rollout(cfg: TrainConfig, policy: Policy, batch_tasks, seed: int) -> list[Gr
         top_k=r.top_k,
         min_p=r.min_p,
         n=r.samples_per_prompt,
-        stop_token_ids=tuple(eos_ids(policy.tokenizer)),
-        stop_strings=tuple(r.stop_strings),
+        stop_token_ids=() if r.ignore_eos else tuple(eos_ids(policy.tokenizer)),
+        stop_strings=() if r.ignore_eos else tuple(r.stop_strings),
         seed=seed,
+        ignore_eos=r.ignore_eos,
     )
-    outputs = policy.engine.generate(prompts, params)
+    with faults.site("generation"):
+        outputs = policy.engine.generate(prompts, params)
     return [
         Group(task, [Trajectory(task, prompt, completion) for completion in completions])
         for task, prompt, completions in zip(batch_tasks, prompts, outputs)
     ]
 
 
-def score(groups: list[Group], tasks) -> None:
-    for group in groups:
-        for traj in group.trajectories:
-            traj.reward = tasks.reward(traj.completion.text, traj.task)
-            traj.is_correct = traj.reward >= 1.0
+def score(groups: list[Group], tasks, errors: faults.RewardErrors) -> None:
+    """Rewards; one that raises or is not finite scores 0 and is counted in `errors`."""
+    reward = faults.guard_reward(tasks.reward, errors)
+    trajs = [t for g in groups for t in g.trajectories]
+    num_failed_before = errors.num_failed
+    for traj in trajs:
+        traj.reward = reward(traj.completion.text, traj.task)
+        traj.is_correct = traj.reward >= 1.0
+    errors.check(len(trajs), errors.num_failed - num_failed_before)
 
 
 def rollout_metrics(groups: list[Group]) -> dict[str, float]:
@@ -213,18 +240,26 @@ def sample_rows(policy: Policy, groups: list[Group], count: int) -> list[dict]:
 
 def between_steps(cfg, ctx, learner: Learner, tasks, logger, state, eval_tokens: int) -> None:
     """Periodic evaluation and checkpoints; on a stop signal, save and raise `Stopped`."""
+    mark_consistent(ctx, cfg, learner, state)
     step, is_last = state.step, state.step >= cfg.run.max_steps
     if cfg.eval.every and step % cfg.eval.every == 0 and not is_last:
         log_eval(cfg, learner.policy, tasks, logger, step, eval_tokens, f"step {step}")
     if ctx.should_stop and not is_last:
         raise Stopped(ctx.stop_signal or "signal", save_rl(ctx, cfg, learner, state))
     if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and not is_last:
-        save_rl(ctx, cfg, learner, state)
+        save_rl(ctx, cfg, learner, state, asynchronous=cfg.checkpoint.async_save)
         if cfg.log.plot:
             plot_curves(ctx.run_dir)
 
 
-def save_rl(ctx: RunContext, cfg: TrainConfig, learner: Learner, state: TrainerState):
+def save_rl(
+    ctx: RunContext,
+    cfg: TrainConfig,
+    learner: Learner,
+    state: TrainerState,
+    rng: dict | None = None,
+    asynchronous: bool = False,
+):
     return save(
         ctx,
         f"step_{state.step:06d}",
@@ -234,21 +269,44 @@ def save_rl(ctx: RunContext, cfg: TrainConfig, learner: Learner, state: TrainerS
         state,
         cfg.checkpoint.keep_last,
         learner.checkpoint_state(),
+        rng,
+        asynchronous,
     )
+
+
+def mark_consistent(ctx: RunContext, cfg: TrainConfig, learner: Learner, state: TrainerState):
+    """At a step boundary: should a later generation, reward, tool, logging or eval phase hang,
+    the watchdog saves this step. The weights, optimizer and algorithm state change only in
+    training; the loop's position and the RNG are snapshot here."""
+    snapshot, rng, name = dataclasses.replace(state), rng_state(), f"step_{state.step:06d}"
+
+    def save_this_step():
+        wait_for_saves()
+        latest = latest_checkpoint(ctx.run_dir)
+        if latest is not None and latest.name == name:
+            return latest
+        return save_rl(ctx, cfg, learner, snapshot, rng=rng)
+
+    watchdog.set_consistent_save(save_this_step)
 
 
 def log_eval(
-    cfg, policy: Policy, tasks, logger, step: int, max_new_tokens: int, label: str
-) -> float:
-    result = run_eval(cfg, policy, tasks, max_new_tokens)
-    logger.log(
-        step,
-        {
-            "eval_accuracy": result.accuracy,
-            "eval_reward": result.reward_mean,
-            "eval_response_len": result.response_len,
-            "eval_truncation_rate": result.truncation_rate,
-        },
-    )
+    cfg,
+    policy: Policy,
+    tasks,
+    logger,
+    step: int,
+    max_new_tokens: int,
+    label: str,
+    phase: str = "rl",
+) -> float | None:
+    """Held-out accuracy (None: nothing to score), printed and, with a logger, logged with the
+    other evaluation metrics (`eval_pass@k`, per-source accuracy, ...)."""
+    with watchdog.phase("eval"):
+        result = run_eval(cfg, policy, tasks, max_new_tokens)
+    if result is None:
+        return None
+    if logger is not None:
+        logger.log(step, logged_metrics(result), phase=phase)
     console.print(f"held-out accuracy {label}: {result.accuracy:.3f} ({result.num_tasks} tasks)")
     return result.accuracy

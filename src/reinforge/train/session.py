@@ -4,12 +4,14 @@ held-out evaluation, checkpoint saving, the SFT phase, the progress bar."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from reinforge import faults, watchdog
 from reinforge.checkpoint import (
     TrainerState,
     checkpoints_dir,
@@ -18,12 +20,14 @@ from reinforge.checkpoint import (
     load_trainer_state,
     save_checkpoint,
 )
-from reinforge.engine.simple import SimpleEngine
+from reinforge.engine.base import Engine
+from reinforge.engine.factory import build_engine
 from reinforge.eval import EvalResult, evaluate
 from reinforge.metrics import MetricsLogger, console
 from reinforge.run import RunContext, Stopped
 from reinforge.train.common import load_tokenizer, model_source, resolve_device, resolve_dtype
 from reinforge.train.memory import plan_run, probe_lengths, resolve_memory
+from reinforge.train.nonfinite import enforce_non_finite_policy
 from reinforge.train.optim import STATE_DTYPES, build_optimizer
 from reinforge.train.policy_model import SFT_FINAL, attach_adapter, build_model, merge_adapter
 from reinforge.train.sft import sft_examples, sft_step
@@ -35,9 +39,10 @@ PHASE_RANK = {"sft": 0, "rl": 1}
 class Policy:
     model: torch.nn.Module
     tokenizer: object
-    engine: SimpleEngine
+    engine: Engine  # reads `model`'s parameters in place: nothing to sync after a step
     device: torch.device
     source: str  # where the weights were loaded from
+    kv_cache_bytes: int | None = None  # the paged engine's KV pool, from the memory plan
 
 
 def load_policy(cfg, ctx: RunContext) -> tuple[Policy, TrainerState, Path | None]:
@@ -60,7 +65,20 @@ def load_policy(cfg, ctx: RunContext) -> tuple[Policy, TrainerState, Path | None
         f"checkpointing {'on' if choice.gradient_checkpointing else 'off'} ({choice.budget_note})"
     )
     model, source = build_model(cfg, ctx.run_dir, ckpt, state, device, dtype)
-    return Policy(model, tokenizer, SimpleEngine(model, tokenizer), device, source), state, ckpt
+    watchdog.beat_on_forward(model)  # every forward is progress for the hang watchdog
+    engine = policy_engine(cfg, model, tokenizer, choice.kv_cache_bytes)
+    policy = Policy(model, tokenizer, engine, device, source, choice.kv_cache_bytes)
+    return policy, state, ckpt
+
+
+def policy_engine(cfg, model, tokenizer, kv_cache_bytes: int | None) -> Engine:
+    """The engine `rollout.engine` names ("auto" for SFT runs, which have no rollout section),
+    its KV pool the memory plan's: the trainer shares the device, so never all free memory."""
+    rollout = getattr(cfg, "rollout", None)
+    choice = rollout.engine if rollout is not None else "auto"
+    return build_engine(
+        model, tokenizer, choice, kv_cache_bytes=kv_cache_bytes, setting="rollout.engine"
+    )
 
 
 def open_logger(cfg, ctx: RunContext, state: TrainerState) -> MetricsLogger:
@@ -80,14 +98,23 @@ def held_out(cfg, tasks) -> list:
     return all_eval[: cfg.eval.num_tasks] if cfg.eval.num_tasks else all_eval
 
 
-def run_eval(cfg, policy: Policy, tasks, max_new_tokens: int) -> EvalResult:
+def run_eval(cfg, policy: Policy, tasks, max_new_tokens: int) -> EvalResult | None:
+    """Held-out evaluation as `[eval]` says (the code `reinforge eval` runs); None when there is
+    nothing to score: no held-out tasks, or tasks without a reward (`can_score`)."""
+    chosen = held_out(cfg, tasks)
+    if not chosen or not getattr(tasks, "can_score", True):
+        return None
+    e = cfg.eval
     return evaluate(
         policy.engine,
         policy.tokenizer,
         tasks,
-        held_out(cfg, tasks),
+        chosen,
         max_new_tokens,
         seed=cfg.run.seed,
+        samples_per_task=e.samples_per_task,
+        temperature=e.temperature,
+        top_p=e.top_p,
     )
 
 
@@ -100,18 +127,23 @@ def save(
     state: TrainerState,
     keep_last: int | None = None,
     extra_state: dict | None = None,
+    rng: dict | None = None,
+    asynchronous: bool = False,
 ) -> Path:
-    return save_checkpoint(
-        ctx.run_dir,
-        name,
-        policy.model,
-        policy.tokenizer,
-        optimizer,
-        scheduler,
-        state,
-        keep_last,
-        extra_state,
-    )
+    with watchdog.phase("checkpoint"):
+        return save_checkpoint(
+            ctx.run_dir,
+            name,
+            policy.model,
+            policy.tokenizer,
+            optimizer,
+            scheduler,
+            state,
+            keep_last,
+            extra_state,
+            rng,
+            asynchronous,
+        )
 
 
 def sft_phase(
@@ -123,8 +155,11 @@ def sft_phase(
     ckpt: Path | None,
     logger: MetricsLogger,
     total_steps: int,
+    validate: Callable[[int], object] | None = None,
 ) -> TrainerState:
-    """Run (or finish) the SFT phase; returns the state RL starts from, saved as `sft_final`."""
+    """Run (or finish) the SFT phase; returns the state RL starts from, saved as `sft_final`.
+    `validate(step)` runs after each step (`reinforge sft` validates every eval.every steps);
+    every checkpoint.every steps the phase is saved as `sft_step_N`, to resume from."""
     s, o = cfg.sft, cfg.optim
     optimizer, scheduler = build_optimizer(
         policy.model,
@@ -145,29 +180,38 @@ def sft_phase(
         state = TrainerState("sft", 0, state.data_position, False, state.micro_batch_tokens)
     every = max(total_steps // 10, 1)
     for step in range(state.step + 1, total_steps + 1):
-        prompts, responses = sft_examples(
+        prompts, responses, masks = sft_examples(
             policy.tokenizer, tasks, state.data_position, s.batch_size
         )
         state.data_position += s.batch_size
-        metrics = sft_step(
-            policy.model,
-            policy.tokenizer,
-            optimizer,
-            scheduler,
-            prompts,
-            responses,
-            o.max_grad_norm,
-            micro_batch_tokens=cfg.train.micro_batch_tokens,
-        )
+        with faults.site("training") as poison:
+            metrics = sft_step(
+                policy.model,
+                policy.tokenizer,
+                optimizer,
+                scheduler,
+                prompts,
+                responses,
+                o.max_grad_norm,
+                micro_batch_tokens=cfg.train.micro_batch_tokens,
+                poison=poison,
+                masks=masks,
+            )
         state.step = step
-        logger.log(step, metrics, phase="sft")
+        logger.log(step, {**metrics, **faults.step_metrics()}, phase="sft")
+        enforce_non_finite_policy(cfg.train, state, metrics, "sft")
         if step % every == 0 or step == total_steps:
             console.print(
                 f"sft {step:>5}/{total_steps} | loss {metrics['loss']:.4f} | lr {metrics['lr']:.2e}"
             )
+        if validate is not None:
+            validate(step)
         if ctx.should_stop and step < total_steps:
             path = save(ctx, f"sft_step_{step:06d}", policy, optimizer, scheduler, state)
             raise Stopped(ctx.stop_signal or "signal", path)
+        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total_steps:
+            keep = cfg.checkpoint.keep_last
+            save(ctx, f"sft_step_{step:06d}", policy, optimizer, scheduler, state, keep)
     state = TrainerState("rl", 0, state.data_position, True, state.micro_batch_tokens)
     save_sft_final(cfg, ctx, policy, state)
     for stale in checkpoints_dir(ctx.run_dir).glob("sft_step_*"):
@@ -186,18 +230,21 @@ def save_sft_final(cfg, ctx: RunContext, policy: Policy, state: TrainerState) ->
     policy.model = merge_adapter(policy.model)
     path = save(ctx, SFT_FINAL, policy, None, None, state)
     policy.model = attach_adapter(cfg, policy.model)
-    policy.engine = SimpleEngine(policy.model, policy.tokenizer)
+    del policy.engine  # its KV pool is freed before the new engine allocates one
+    policy.engine = policy_engine(cfg, policy.model, policy.tokenizer, policy.kv_cache_bytes)
     policy.source = str(path)
 
 
-def first_eval_from_log(run_dir: Path, key: str = "eval_accuracy") -> float | None:
+def first_eval_from_log(
+    run_dir: Path, key: str = "eval_accuracy", phase: str = "rl"
+) -> float | None:
     """The held-out score logged at step 0 (before training) by an earlier process of this run."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return None
     for line in path.read_text().splitlines():
         row = json.loads(line)
-        if row.get("phase") == "rl" and row.get("step") == 0 and key in row:
+        if row.get("phase") == phase and row.get("step") == 0 and key in row:
             return row[key]
     return None
 

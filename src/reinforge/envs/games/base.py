@@ -57,8 +57,9 @@ class Game(Protocol):
         """The winning player of a finished game; None for a draw or a game still going."""
         ...
 
-    def render(self, position: Position, player: int) -> str:
-        """The position as text, as `player` sees it."""
+    def render(self, position: Position, player: int, compact: bool = False) -> str:
+        """The position as text, as `player` sees it; `compact` asks for the fewest characters
+        (games whose text is already terse ignore it)."""
         ...
 
     def move_label(self, position: Position, move: int) -> str: ...

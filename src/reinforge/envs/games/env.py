@@ -1,7 +1,10 @@
 """Two-player board games as a multi-turn env: the model plays one side, an opponent the other.
 
 Each user message shows the board as text and the legal moves; the model answers with a move;
-`step` plays it, lets the opponent reply, and shows the new board, until the game ends.
+`step` plays it, lets the opponent reply, and shows the new board, until the game ends. The
+`prompt_style` "full" also states the rules and the answer format; "compact" draws the board
+with one character per cell and nothing else, so a whole tic-tac-toe game fits in a few hundred
+tokens (small models, short contexts).
 
 The move format: the text inside the last `<move>...</move>` tag of the message (reasoning may
 come before it), e.g. `<move>5</move>`; a message with no tag counts as a bare move when it is
@@ -10,8 +13,8 @@ case and spaces: "1".."9" (cells) in tic-tac-toe, "1".."7" (columns) in connect-
 action strings ("x(1,1)") for OpenSpiel games. No move readable is a *malformed* move; a move
 read but not legal here is an *illegal* one.
 
-Rewards, by `reward_mode`, reported once, at the step that ends the episode, as
-`rewards["reward"]`:
+Rewards, reported once, at the step that ends the episode: both components, `rewards["outcome"]`
+and `rewards["legal_moves"]`, and the one `reward_mode` picks as `rewards["reward"]`:
 - "outcome": 1.0 win, 0.5 draw, 0.0 loss. A malformed or illegal move beyond
   `max_illegal_moves` (0: the first one) forfeits: the episode ends as a loss.
 - "legality": the number of legal moves the model made (1 per legal move), for teaching the
@@ -38,6 +41,8 @@ from reinforge.errors import ConfigError
 from reinforge.types import Message, Task
 
 REWARD_MODES = ("outcome", "legality")
+REWARD_OF_MODE = {"outcome": "outcome", "legality": "legal_moves"}  # the component "reward" is
+PROMPT_STYLES = ("full", "compact")
 OUTCOME_REWARDS = {"win": 1.0, "draw": 0.5, "loss": 0.0}
 MAX_BARE_MOVE_CHARS = 16
 
@@ -70,9 +75,11 @@ def _normalize_label(label: str) -> str:
     return "".join(label.split()).lower()
 
 
-def board_prompt(game: Game, position: Position, player: int) -> str:
-    """The board as `player` sees it, the legal moves, and how to answer."""
+def board_prompt(game: Game, position: Position, player: int, style: str = "full") -> str:
+    """The board as `player` sees it, the legal moves, and (in the full style) how to answer."""
     labels = [game.move_label(position, move) for move in game.legal_moves(position)]
+    if style == "compact":
+        return f"{game.render(position, player, compact=True)}\nMoves: {' '.join(labels)}"
     return (
         f"Board:\n{game.render(position, player)}\n\n"
         f"Legal moves: {', '.join(labels)}\n"
@@ -80,8 +87,11 @@ def board_prompt(game: Game, position: Position, player: int) -> str:
     )
 
 
-def opening_prompt(game: Game, position: Position, player: int) -> str:
+def opening_prompt(game: Game, position: Position, player: int, style: str = "full") -> str:
     names = game.player_names
+    if style == "compact":
+        board = board_prompt(game, position, player, style)
+        return f"{game.title}, you play {names[player]}.\n{board}"
     return (
         f"You are playing {game.title} as {names[player]}; your opponent plays "
         f"{names[1 - player]}. {game.rules}\n\n{board_prompt(game, position, player)}"
@@ -127,7 +137,12 @@ class GameEnv:
         reward_mode: str = "outcome",
         max_illegal_moves: int = 0,
         system_prompt: str | None = None,
+        prompt_style: str = "full",
     ):
+        if prompt_style not in PROMPT_STYLES:
+            raise ConfigError(
+                f"game env prompt_style={prompt_style!r} is unknown; use one of {list(PROMPT_STYLES)}"
+            )
         if reward_mode not in REWARD_MODES:
             raise ConfigError(
                 f"game env reward_mode={reward_mode!r} is unknown; use one of {list(REWARD_MODES)}"
@@ -138,6 +153,7 @@ class GameEnv:
                 "at the first bad move"
             )
         self.reward_mode = reward_mode
+        self.prompt_style = prompt_style
         self.max_illegal_moves = max_illegal_moves
         self.system_prompt = system_prompt
 
@@ -178,7 +194,7 @@ class GameEnv:
                 problem = f"{label!r} is not a legal move."
             if episode.counters.num_bad_moves + 1 > self.max_illegal_moves:
                 return self._finish(state, episode, step, "loss", is_forfeit=True)
-            return self._reply(state, episode, step, f"{problem}\n\n")
+            return self._reply(state, episode, step, f"{problem}\n")
 
         step.legal_moves = 1
         episode.position = game.play(episode.position, move)
@@ -189,13 +205,16 @@ class GameEnv:
         episode.position = game.play(episode.position, reply)
         if game.is_over(episode.position):
             return self._finish(state, episode, step, self._outcome(episode))
-        return self._reply(state, episode, step, f"Your opponent played {reply_label}.\n\n")
+        return self._reply(state, episode, step, f"Your opponent played {reply_label}.\n")
 
     def _reply(
         self, state: EnvState, episode: GameEpisode, step: GameCounters, note: str
     ) -> StepResult:
         _add(episode.counters, step)
-        text = note + board_prompt(episode.game, episode.position, episode.model_player)
+        board = board_prompt(
+            episode.game, episode.position, episode.model_player, self.prompt_style
+        )
+        text = note + ("" if self.prompt_style == "compact" else "\n") + board
         message = Message("user", text)
         state.messages.append(message)
         return StepResult(messages=[message], done=False, metrics=_as_metrics(step))
@@ -217,14 +236,15 @@ class GameEnv:
         _add(episode.counters, step)
         episode.outcome = outcome
         state.done = True
-        if self.reward_mode == "outcome":
-            reward = OUTCOME_REWARDS[outcome]
-        else:
-            reward = float(episode.counters.legal_moves)
+        rewards = {
+            "outcome": OUTCOME_REWARDS[outcome],
+            "legal_moves": float(episode.counters.legal_moves),
+        }
+        rewards["reward"] = rewards[REWARD_OF_MODE[self.reward_mode]]
         metrics = _as_metrics(step)
         metrics.update({name: float(name == outcome) for name in OUTCOME_REWARDS})
         metrics["forfeit"] = float(is_forfeit)
-        return StepResult(messages=[], done=True, rewards={"reward": reward}, metrics=metrics)
+        return StepResult(messages=[], done=True, rewards=rewards, metrics=metrics)
 
 
 def _add(total: GameCounters, step: GameCounters) -> None:

@@ -136,18 +136,25 @@ class InARow:
     def winner(self, position: Board) -> int | None:
         return position.winner
 
-    def render(self, position: Board, player: int = 0) -> str:
+    def render(self, position: Board, player: int = 0, compact: bool = False) -> str:
+        """A drawn grid, or with `compact` one character per cell and no separators."""
+        space = "" if compact else " "
         if self.has_gravity:
-            lines = [
-                "| " + " ".join(_MARK_OF[position.at(r, c)] for c in range(self.cols)) + " |"
+            marks = [
+                space.join(_MARK_OF[position.at(r, c)] for c in range(self.cols))
                 for r in range(self.rows)
             ]
-            return "\n".join([*lines, "  " + " ".join(str(c + 1) for c in range(self.cols))])
+            labels = space.join(str(c + 1) for c in range(self.cols))
+            if compact:
+                return "\n".join([*marks, labels])
+            return "\n".join([*(f"| {line} |" for line in marks), f"  {labels}"])
         rows = [
-            " " + " | ".join(self._cell_text(position, r * self.cols + c) for c in range(self.cols))
+            [self._cell_text(position, r * self.cols + c) for c in range(self.cols)]
             for r in range(self.rows)
         ]
-        return ("\n" + "---+" * (self.cols - 1) + "---\n").join(rows)
+        if compact:
+            return "\n".join("".join(row) for row in rows)
+        return ("\n" + "---+" * (self.cols - 1) + "---\n").join(" " + " | ".join(r) for r in rows)
 
     def _cell_text(self, position: Board, cell: int) -> str:
         owner = position.cells[cell]

@@ -84,7 +84,7 @@ class OpenSpielGame:
             return None
         return 0 if returns[0] > returns[1] else 1
 
-    def render(self, position: Any, player: int) -> str:
+    def render(self, position: Any, player: int, compact: bool = False) -> str:
         text = position.observation_string(player) if self._has_observation else str(position)
         return text.rstrip("\n")
 

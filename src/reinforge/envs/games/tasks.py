@@ -20,9 +20,10 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from reinforge.envs.base import EnvState
 from reinforge.envs.games.base import load_game
-from reinforge.envs.games.env import match_move, opening_prompt, parse_move, replay
-from reinforge.envs.games.opponents import make_opponent
+from reinforge.envs.games.env import GameEpisode, match_move, opening_prompt, parse_move, replay
+from reinforge.envs.games.opponents import best_moves, make_opponent
 from reinforge.errors import ConfigError
 from reinforge.types import Message, Task
 
@@ -44,6 +45,11 @@ DEFAULT_CASES = (
 )
 
 
+# Plies the demonstration player searches: to the end where the game is small, else a few.
+DEMO_SEARCH_DEPTH: dict[str, int | None] = {"tic_tac_toe": None}
+DEMO_DEFAULT_DEPTH = 4
+
+
 class GameTasks:
     name = "games"
 
@@ -53,13 +59,19 @@ class GameTasks:
         *,
         seed: int = 0,
         num_eval_per_case: int = 16,
+        prompt_style: str = "full",
+        demo_best_move_fraction: float = 0.5,
     ):
+        """`prompt_style`: as `GameEnv`'s (the opening board is drawn here). The share
+        `demo_best_move_fraction` of `demonstration`'s moves are best moves, the rest random."""
         if not cases:
             raise ConfigError("game tasks need at least one case, e.g. GameCase('tic_tac_toe')")
         for case in cases:
             _check_case(case)
         self.cases = tuple(cases)
         self.seed = seed
+        self.prompt_style = prompt_style
+        self.demo_best_move_fraction = demo_best_move_fraction
         self._eval = [
             self._make(case_index, f"{seed}/eval/{case_index}/{j}", f"eval-{case_index}-{j}")
             for case_index in range(len(self.cases))
@@ -78,6 +90,21 @@ class GameTasks:
         label = parse_move(completion)
         position = replay(game, task.info["moves"])
         return float(label is not None and match_move(game, position, label) is not None)
+
+    def demonstration(self, state: EnvState) -> str:
+        """A scripted reference player's next message in a `GameEnv` episode: a best move (by
+        minimax, to the end of the game where that is cheap) or a random legal one, seeded by
+        the task and the turn; a bare label in the compact style, else in <move> tags."""
+        episode: GameEpisode = state.info["game"]
+        game, position = episode.game, episode.position
+        rng = random.Random(f"{state.task.id}/demo/{state.turn}")
+        if rng.random() < self.demo_best_move_fraction:
+            depth = DEMO_SEARCH_DEPTH.get(game.name, DEMO_DEFAULT_DEPTH)
+            move = rng.choice(best_moves(game, position, depth))
+        else:
+            move = rng.choice(game.legal_moves(position))
+        label = game.move_label(position, move)
+        return label if self.prompt_style == "compact" else f"<move>{label}</move>"
 
     def _make(self, case_index: int, seed: str, task_id: str) -> Task:
         case = self.cases[case_index]
@@ -105,7 +132,7 @@ class GameTasks:
             raise ConfigError(f"{case}: every random opening ends the game; use fewer plies")
         return Task(
             id=task_id,
-            messages=(Message("user", opening_prompt(game, position, player)),),
+            messages=(Message("user", opening_prompt(game, position, player, self.prompt_style)),),
             answer="",
             info={
                 "game": case.game,

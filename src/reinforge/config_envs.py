@@ -1,0 +1,212 @@
+"""`[task]` variants whose tasks are played as multi-turn episodes of an environment.
+
+Why variants of `[task]` and not a separate `[env]` section: an environment and its tasks are one
+choice (tic-tac-toe boards go with the game env, shop pages with the HTML tools); two sections
+would let a config pair arithmetic prompts with a board game. One union on `name` keeps the choice
+single, and `[task]` keeps meaning "what the model learns". The settings every env task shares
+(turn and context limits, reward weights, tool rendering) come from `EnvTaskConfig`.
+
+Each variant's `name` maps to its builder in `envs/sources.py` (`ENV_TASKS`); the RL loop, SFT,
+evaluation and the memory planner tell an env task apart by its type (`ENV_TASK_CONFIGS`), never
+by its name.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from reinforge.config_base import Section
+
+ParserName = Literal["hermes", "llama3_json", "mistral"]
+
+
+class RewardWeight(Section):
+    name: str
+    """A reward component: "env" (the env's own score), a component the env reports (a game's
+    "outcome" and "legal_moves"), "format" or "math" (scored on the episode's last assistant
+    message), or your own `(completion, task) -> float` as "module:function" or
+    "path/to/file.py:function"."""
+    weight: float = 1.0
+    """Its weight in the training reward (0 logs it without training on it)."""
+
+
+class EnvTaskConfig(Section):
+    """Settings every env task shares."""
+
+    max_turns: int = Field(8, ge=1, le=10_000)
+    """Most assistant turns per episode. An episode still going after them ends unscored
+    (`finish_max_turns`); tool envs score their last turn instead."""
+    max_context: int | None = Field(None, ge=8)
+    """Most token ids in one episode: the prompt, every assistant turn and every env reply. It is
+    checked before each turn: an episode that cannot fit one more token ends there, counted as
+    `context_overflows`, never cut silently. A turn generates at most rollout.max_new_tokens
+    (eval.max_new_tokens in evaluation) or what is left of this, whichever is smaller. Default:
+    the model's context."""
+    rewards: list[RewardWeight] = [RewardWeight(name="env")]
+    """The training reward: the weighted sum of these components, each logged as
+    `reward_<name>`, e.g. [{name = "env", weight = 1.0}, {name = "format", weight = 0.2}]."""
+    render_tools: bool = True
+    """Give the env's tool schemas to the chat template (`tools=`), which shows them to the model
+    in the form it was trained on. Templates without tool support (builtin:tiny's ChatML) ignore
+    them; the task's instructions then name the tools."""
+
+
+class SandboxSection(Section):
+    backend: Literal["auto", "bwrap", "rlimit"] = "auto"
+    """Isolation of model-written code: "bwrap" (bubblewrap: own network, pid and mount
+    namespaces, read-only system), "rlimit" (resource limits, a fresh uid as root, own network
+    namespace where the kernel allows), or "auto" (bwrap when it works here, else rlimit, logged).
+    An explicit backend that cannot run here is an error, never a silent downgrade."""
+    cpu_seconds: float = Field(5.0, gt=0.0)
+    """CPU time limit of one tool call."""
+    wall_seconds: float = Field(10.0, gt=0.0)
+    """Wall-clock limit of one tool call (every process it started is killed)."""
+    memory_mb: int = Field(512, gt=0)
+    """Address-space limit of the program, in MB."""
+    max_output_bytes: int = Field(16_384, gt=0)
+    """stdout + stderr kept; past it the program is stopped."""
+    max_file_mb: int = Field(16, gt=0)
+    """Largest file the program may write, in MB."""
+    max_processes: int = Field(32, gt=0)
+    """Most processes the program may run at once."""
+
+
+class ToolArithmeticTaskConfig(EnvTaskConfig):
+    name: Literal["tool_arithmetic"] = "tool_arithmetic"
+    """Arithmetic the model may hand to a tool: it calls the tool, reads the result, and answers
+    with the number alone (exact match)."""
+    tool: Literal["calculator", "python"] = "calculator"
+    """"calculator" (`calculator(expression)`, evaluated in-process) or "python" (`python(code)`,
+    run in the sandbox of `[task.sandbox]`)."""
+    min_digits: int = Field(2, ge=1, le=12)
+    """Fewest digits of an operand."""
+    max_digits: int = Field(3, ge=1, le=12)
+    """Most digits of an operand."""
+    operations: list[Literal["+", "-", "*"]] = ["*"]
+    """Operations to draw from."""
+    parser: ParserName = "hermes"
+    """Tool-call format of the model: "hermes" (Qwen2.5 / Qwen3, `<tool_call>{json}</tool_call>`),
+    "llama3_json" or "mistral"."""
+    max_calls_per_turn: int = Field(4, ge=1, le=1000)
+    """Tool calls run per assistant message; further ones are answered with an error."""
+    sandbox: SandboxSection = SandboxSection()
+    """The code sandbox (tool = "python" only)."""
+    demo_tool_fraction: float = Field(0.5, ge=0.0, le=1.0)
+    """Share of the SFT reference demonstrations that call the tool before answering; the others
+    answer at once (correctly: what a model that can do the sum in its head would write)."""
+    num_eval: int = Field(200, ge=1, le=100_000)
+    """Held-out tasks scored before and after training (never used for training)."""
+    seed: int = Field(1234, ge=0)
+    """Seed of the task generator (independent of `run.seed`)."""
+
+    @model_validator(mode="after")
+    def _digits_ordered(self) -> ToolArithmeticTaskConfig:
+        if self.min_digits > self.max_digits:
+            raise ValueError(
+                f"min_digits={self.min_digits} is above max_digits={self.max_digits}; "
+                f"set max_digits >= {self.min_digits}"
+            )
+        return self
+
+
+class HtmlTaskConfig(EnvTaskConfig):
+    name: Literal["html"] = "html"
+    """Questions about generated shop pages (product grids, order tables, links), answered by
+    querying the page with BeautifulSoup tools: find, select, get_text, get_attribute."""
+    show_page: bool = False
+    """Also put the page's HTML in the prompt (an easier variant)."""
+    parser: ParserName = "hermes"
+    """Tool-call format of the model (see tool_arithmetic)."""
+    num_eval: int = Field(64, ge=1, le=100_000)
+    """Held-out tasks, each with a page of its own."""
+    seed: int = Field(1234, ge=0)
+    """Seed of the page and question generator."""
+
+
+class SearchTaskConfig(EnvTaskConfig):
+    name: Literal["search"] = "search"
+    """Two-hop questions about a generated world of companies, founders and cities, answered
+    through `search` (BM25 over the world's documents) and `open` tools."""
+    num_companies: int = Field(60, ge=4, le=100_000)
+    """Companies in the generated world (each has a document, as do founders and cities)."""
+    parser: ParserName = "hermes"
+    """Tool-call format of the model (see tool_arithmetic)."""
+    num_eval: int = Field(45, ge=3, le=100_000)
+    """Held-out questions: three about each of num_eval / 3 companies that training never asks
+    about; a multiple of 3."""
+    seed: int = Field(1234, ge=0)
+    """Seed of the world and the questions."""
+
+    @model_validator(mode="after")
+    def _eval_split_fits(self) -> SearchTaskConfig:
+        if self.num_eval % 3 or self.num_eval // 3 >= self.num_companies:
+            works = min(max(3, self.num_eval // 3 * 3), (self.num_companies - 1) * 3)
+            raise ValueError(
+                f"num_eval = {self.num_eval} must be a multiple of 3 (three questions per "
+                f"held-out company) below 3 x num_companies = {3 * self.num_companies}; "
+                f"e.g. num_eval = {works}"
+            )
+        return self
+
+
+class GameCaseSection(Section):
+    game: str = "tic_tac_toe"
+    """"tic_tac_toe", "connect_four", or an OpenSpiel game string after "openspiel:" (needs
+    `pip install 'reinforge[games]'`), e.g. "openspiel:connect_four"."""
+    opponent: Literal["random", "minimax", "mcts"] = "random"
+    """The other side: uniformly random legal moves, minimax (alpha-beta), or OpenSpiel's MCTS."""
+    opponent_depth: int | None = Field(None, ge=1)
+    """Minimax plies (unset: to the end of the game) or MCTS simulations."""
+    model_player: int | None = Field(None, ge=0, le=1)
+    """The model's side: 0 moves first, 1 second; unset: drawn per task."""
+    num_random_plies: int = Field(0, ge=0, le=100)
+    """Random moves, by both sides, before the model's first turn (varied openings)."""
+
+
+class GameTaskConfig(EnvTaskConfig):
+    name: Literal["game"] = "game"
+    """Board games against an opponent: each turn the model sees the board and answers with a
+    move."""
+    cases: list[GameCaseSection] = [GameCaseSection()]
+    """What is played: a list of `[[task.cases]]` tables (game, opponent, side, opening); task i
+    plays case i mod len(cases) with a seed of its own."""
+    reward_mode: Literal["outcome", "legality"] = "outcome"
+    """The env's score ("env"): "outcome" (1 win, 0.5 draw, 0 loss) or "legality" (the number
+    of legal moves made). Both are also reported as the components "outcome" and
+    "legal_moves"."""
+    max_illegal_moves: int = Field(0, ge=0, le=1000)
+    """Unreadable or illegal moves answered with an error and the board again; one more forfeits
+    the game (0: the first one does)."""
+    prompt_style: Literal["full", "compact"] = "full"
+    """"full": the rules, a drawn board, the legal moves and the answer format; "compact": the
+    board as rows of characters and the legal moves, in a few dozen tokens per turn (small models
+    with short contexts)."""
+    demo_best_move_fraction: float = Field(0.5, ge=0.0, le=1.0)
+    """SFT reference games: the share of moves taken from the best ones (full minimax search for
+    tic-tac-toe, 4 plies elsewhere); the others are random legal moves."""
+    num_eval: int = Field(64, ge=1, le=100_000)
+    """Held-out games, split evenly over the cases (a multiple of len(cases))."""
+    seed: int = Field(1234, ge=0)
+    """Seed of the openings and of the opponent's choices."""
+
+    @model_validator(mode="after")
+    def _eval_split_fits(self) -> GameTaskConfig:
+        num_cases = len(self.cases)
+        if num_cases == 0:
+            raise ValueError('cases is empty; list one, e.g. [{game = "tic_tac_toe"}]')
+        if self.num_eval % num_cases:
+            raise ValueError(
+                f"num_eval = {self.num_eval} must be a multiple of the {num_cases} cases "
+                f"(held-out games are split evenly); e.g. num_eval = "
+                f"{max(1, self.num_eval // num_cases) * num_cases}"
+            )
+        return self
+
+
+ENV_TASK_CONFIGS = (ToolArithmeticTaskConfig, HtmlTaskConfig, SearchTaskConfig, GameTaskConfig)
+
+
+def is_env_task(task_cfg: object) -> bool:
+    return isinstance(task_cfg, ENV_TASK_CONFIGS)

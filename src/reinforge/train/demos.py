@@ -1,0 +1,110 @@
+"""SFT on env tasks: reference episodes played by the task's scripted policy, recorded the way
+RL records episodes, and the token lengths the memory planner sizes env tasks from.
+
+A demonstration is a whole episode: the opening prompt, then each scripted assistant turn (its
+text's ids and the EOS that ends a turn: loss mask 1) and each env reply (the chat template's
+delta, exactly as `episodes.environment_delta` gives it during RL: loss mask 0). SFT so trains
+on the very ids RL will later see, with the env's tokens out of the loss.
+"""
+
+from __future__ import annotations
+
+from reinforge.envs.sources import EnvTasks
+from reinforge.errors import ConfigError
+from reinforge.train.common import eos_ids
+from reinforge.train.env_rollout import tools_to_render
+from reinforge.train.episodes import environment_delta, render
+from reinforge.types import Message, Task
+
+NUM_DEMOS_PROBED = 32  # reference episodes the planner measures
+
+
+def demonstration(
+    tokenizer, env_tasks: EnvTasks, task: Task
+) -> tuple[list[int], list[int], list[int]]:
+    """(prompt ids, completion ids, loss mask) of the scripted policy's episode of `task`."""
+    policy = env_tasks.demonstration
+    assert policy is not None, f"task {env_tasks.name!r} has no scripted policy"
+    env, tools = env_tasks.env, tools_to_render(env_tasks)
+    state = env.reset(task)
+    prompt = render(tokenizer, state.messages, tools, add_generation_prompt=True)
+    ids: list[int] = []
+    mask: list[int] = []
+    for _ in range(env_tasks.cfg.max_turns):
+        assistant = Message("assistant", policy(state))
+        history = list(state.messages)
+        turn = tokenizer.encode(assistant.content, add_special_tokens=False) + eos_ids(tokenizer)
+        ids += turn
+        mask += [1] * len(turn)
+        result = env.step(state, assistant)
+        if result.done:
+            break
+        found = environment_delta(
+            tokenizer, [*history, assistant], result.messages, tools, ended_with_stop=True
+        )
+        assert found is not None, "the chat template does not close turns with the EOS id"
+        ids += found[0]
+        mask += [0] * len(found[0])
+    return prompt, ids, mask
+
+
+def demonstration_examples(
+    tokenizer, env_tasks: EnvTasks, start: int, count: int
+) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+    """(prompts, completions, loss masks) of training tasks start .. start + count - 1."""
+    require_demonstrations(env_tasks)
+    demos = [
+        demonstration(tokenizer, env_tasks, env_tasks.train_task(i))
+        for i in range(start, start + count)
+    ]
+    prompts, completions, masks = (list(column) for column in zip(*demos))
+    return prompts, completions, masks
+
+
+def require_demonstrations(env_tasks: EnvTasks) -> None:
+    if env_tasks.demonstration is None:
+        raise ConfigError(
+            f"task.name = {env_tasks.name!r} has no reference demonstrations for an SFT stage; "
+            "set sft.steps = 0 (RL alone), or use a task that has them (tool_arithmetic, game)"
+        )
+
+
+def episode_lengths(cfg, tokenizer, env_tasks: EnvTasks, context: int):
+    """The planner's `Lengths` for an env task: the longest opening prompt, and the longest
+    reference episode when an SFT stage trains on them. Errors name the setting to change when
+    the episode context is above the model's (`context`), or a demonstration does not fit it."""
+    from reinforge.train.memory import NUM_TRAIN_PROMPTS_PROBED, Lengths
+
+    max_context = cfg.task.max_context or context
+    if max_context > context:
+        raise ConfigError(
+            f"task.max_context = {max_context} is above the model's context ({context}); "
+            f"set task.max_context <= {context}, or leave it unset"
+        )
+    cfg.task.max_context = max_context  # resolved: the planner and the run read it from here on
+    tools = tools_to_render(env_tasks)
+    probe = env_tasks.eval_tasks() + [
+        env_tasks.train_task(i) for i in range(NUM_TRAIN_PROMPTS_PROBED)
+    ]
+    longest_prompt = max(
+        len(render(tokenizer, env_tasks.env.reset(t).messages, tools, True)) for t in probe
+    )
+    if longest_prompt >= max_context:
+        raise ConfigError(
+            f"the longest opening prompt is {longest_prompt} tokens, which leaves no room in the "
+            f"episode context ({max_context}); raise task.max_context (up to the model's "
+            f"context, {context})"
+        )
+    longest_demo = 0
+    if cfg.sft.steps > 0:
+        require_demonstrations(env_tasks)
+        for i in range(NUM_DEMOS_PROBED):
+            prompt, ids, _ = demonstration(tokenizer, env_tasks, env_tasks.train_task(i))
+            if len(prompt) + len(ids) > max_context:
+                raise ConfigError(
+                    f"the reference episode of training task {i} runs to {len(prompt) + len(ids)} "
+                    f"tokens, above the episode context ({max_context}); raise task.max_context "
+                    "(up to the model's context) or shorten the episodes (task.max_turns)"
+                )
+            longest_demo = max(longest_demo, len(ids))
+    return Lengths(longest_prompt, longest_demo, len(probe))
