@@ -29,8 +29,9 @@ def draws(injector: FaultInjector, site: str, n: int) -> list[bool]:
 
 def test_rate_is_respected_repeatable_and_per_site():
     plan = FaultPlan(rates={"reward": 0.05}, seed=7)
-    first, second = draws(FaultInjector(plan), "reward", 4000), draws(
-        FaultInjector(plan), "reward", 4000
+    first, second = (
+        draws(FaultInjector(plan), "reward", 4000),
+        draws(FaultInjector(plan), "reward", 4000),
     )
     assert first == second  # seeded: the same drill twice
     assert 150 < sum(first) < 250  # about 5% of 4000
@@ -81,7 +82,7 @@ def test_fatal_sites_propagate_and_nan_only_where_a_value_is():
 def test_faults_config_is_checked():
     cfg = load_config(TrainConfig, None, ["faults.reward=0.05", "faults.kinds=['exception','nan']"])
     assert cfg.faults.rates()["reward"] == 0.05 and cfg.faults.rates()["tool"] == 0.0
-    with pytest.raises(ConfigError, match="faults.generation"):
+    with pytest.raises(ConfigError, match=r"faults\.generation"):
         load_config(TrainConfig, None, ["faults.generation=0.1", "faults.kinds=['nan']"])
-    with pytest.raises(ConfigError, match="faults.reward"):
+    with pytest.raises(ConfigError, match=r"faults\.reward"):
         load_config(TrainConfig, None, ["faults.reward=1.5"])

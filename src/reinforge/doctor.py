@@ -208,7 +208,10 @@ def output_dir_of(command: str, config: str | None, overrides: list[str]) -> str
 
 
 def run_doctor(
-    config: str | None = None, overrides: list[str] = (), command: str = "train", smoke: bool = True
+    config: str | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+    command: str = "train",
+    smoke: bool = True,
 ) -> DoctorReport:
     report = DoctorReport()
     check_environment(report, output_dir_of(command, config, list(overrides)))

@@ -107,7 +107,10 @@ def export(
         raise ConfigError(f"{ckpt} is a full model with no adapter; export it with mode 'full'")
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"{out} exists and is not empty; choose another folder or overwrite")
+        raise ConfigError(
+            f"{out} exists and is not empty; choose another folder, or replace it with "
+            "overwrite=True (`reinforge export --overwrite`)"
+        )
     tmp = out.parent / f"{TMP_PREFIX}{out.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -100,12 +100,9 @@ def install(plan: FaultPlan | None) -> FaultInjector | None:
     global _active
     _active = FaultInjector(plan) if plan is not None and plan.is_active else None
     if _active is not None:
-        rates = ", ".join(f"{s} {r:g}" for s, r in plan.rates.items() if r > 0)
-        print(f"fault injection on (a drill): {rates}; kinds {list(plan.kinds)}", file=sys.stderr)
-    return _active
-
-
-def active() -> FaultInjector | None:
+        rates = ", ".join(f"{s} {r:g}" for s, r in _active.plan.rates.items() if r > 0)
+        kinds = list(_active.plan.kinds)
+        print(f"fault injection on (a drill): {rates}; kinds {kinds}", file=sys.stderr)
     return _active
 
 

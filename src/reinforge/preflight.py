@@ -85,7 +85,8 @@ def _check_held_out(cfg, tokenizer, pf: Preflight) -> None:
     available = len(tasks.eval_tasks())
     wanted = cfg.eval.num_tasks
     if wanted and wanted > available:
-        more = "raise task.num_eval" if "num_eval" in type(cfg.task).model_fields else "hold out more"
+        has_num_eval = "num_eval" in type(cfg.task).model_fields
+        more = "raise task.num_eval" if has_num_eval else "hold out more"
         pf.errors.append(
             f"eval.num_tasks = {wanted} but the task has only {available} held-out tasks; set "
             f"eval.num_tasks <= {available} or {more}"

@@ -136,8 +136,10 @@ _consistent_save: Callable[[], Path | None] | None = None
 
 
 def _save_if_consistent(phase: str) -> str:
-    if _consistent_save is None or phase not in CONSISTENT_PHASES:
-        return f"watchdog: no checkpoint saved (the state is not consistent in phase '{phase}')"
+    if phase not in CONSISTENT_PHASES:
+        return f"watchdog: no checkpoint saved (the state is half-changed in phase '{phase}')"
+    if _consistent_save is None:
+        return "watchdog: no checkpoint saved (no step has completed in this process)"
     return f"watchdog: checkpoint of the last completed step: {_consistent_save()}"
 
 

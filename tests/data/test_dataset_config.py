@@ -41,13 +41,13 @@ def test_the_command_decides_whether_rows_need_answers_and_solutions(tmp_path):
     settings = dataset(f"task.path={chats}")
     sft = task_source_for(load_config(SFTConfig, None, settings))
     assert len(sft.train) == 2 and not sft.can_score  # SFT: no answers needed, none to score
-    with pytest.raises(ConfigError, match="no answer column .* task.require_answer = false"):
+    with pytest.raises(ConfigError, match=r"no answer column .* task.require_answer = false"):
         task_source_for(load_config(TrainConfig, None, settings))
 
     quiz = write_csv(tmp_path / "quiz.csv", ["question", "answer"], [["1+1", "2"]])
     rl_only = dataset(f"task.path={quiz}", "task.reward=exact_match")
     assert task_source_for(load_config(EvalConfig, None, rl_only)).can_score
-    with pytest.raises(ConfigError, match="no solution column .* task.columns.solution"):
+    with pytest.raises(ConfigError, match=r"no solution column .* task.columns.solution"):
         task_source_for(load_config(TrainConfig, None, [*rl_only, "sft.steps=2"]))
 
 

@@ -8,7 +8,9 @@ the final resume ran all 150 steps alone, over 300 s: the "stall" it was exclude
 processes are forked from a server that has done the imports (`forkserver.py`), which makes the
 drill cheap enough for the default run; the uninterrupted run and the final resume are the real
 `python -m reinforge.cli`. Every process runs under the hang watchdog, so a true stall ends with
-every thread's stack in its log instead of a test timeout.
+every thread's stack in its log instead of a test timeout. The killed run saves asynchronously
+(`checkpoint.async_save`), the uninterrupted one synchronously: the kills land in background
+writes too, and each checkpoint must still equal the synchronous one byte for byte.
 """
 
 import hashlib
@@ -38,6 +40,8 @@ ARGS = [
     "eval.num_tasks=4",
     f"watchdog.timeout_s={STALL_S}",
 ]
+
+KILLED = [*ARGS, "run.name=killed", "checkpoint.async_save=true"]
 
 
 class ForkServer:
@@ -92,7 +96,7 @@ def kill_once(server: ForkServer, run: Path, cycle: int, rng: random.Random, log
     """Start (or resume) the run, let it progress, SIGKILL it; True when a save was in flight."""
     start = latest(run)
     resume = ["--resume", str(run)] if start else ["run.overwrite=true"]
-    pid = server.start([*ARGS, f"run.output_dir={run.parent}", "run.name=killed", *resume], log)
+    pid = server.start([*KILLED, f"run.output_dir={run.parent}", *resume], log)
     if cycle == 0:  # during the save of the SFT result: the next start begins from scratch
         is_saving_sft = (run / "checkpoints" / ".tmp-sft_final").exists
         wait_until(lambda: is_saving_sft() or latest(run), log, "SFT save")
@@ -139,7 +143,7 @@ def test_twenty_kill9_resumes_reach_the_same_weights(tmp_path):
             num_same += same_as_straight(run, tmp_path / "straight")
     finally:
         server.close()
-    resumed = cli(*ARGS, f"run.output_dir={tmp_path}", "run.name=killed", "--resume", str(run))
+    resumed = cli(*KILLED, f"run.output_dir={tmp_path}", "--resume", str(run))
     assert resumed.returncode == ExitCode.OK, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     final = f"step_{MAX_STEPS:06d}"
     is_final_same = weights_hash(run / "checkpoints" / final) == weights_hash(

@@ -95,7 +95,7 @@ def decode_sdpa(q_BHD, k_cache, v_cache, meta: AttentionMetadata, scale: float) 
     num_kv_heads = k.shape[1]
     mask = torch.arange(k.shape[2], device=k.device)[None, :] < meta.context_lens[:, None]
     # the query heads of one KV head attend as that head's rows: no K/V expansion per head
-    q_BKGD = q_BHD.view(B, num_kv_heads, H // num_kv_heads, D)
+    q_BKGD = q_BHD.reshape(B, num_kv_heads, H // num_kv_heads, D)
     o = F.scaled_dot_product_attention(q_BKGD, k, v, attn_mask=mask[:, None, None, :], scale=scale)
     return o.reshape(B, H, D)
 

@@ -99,14 +99,15 @@ class BlockManager:
 
 
 def pages_to_run_at_once(
-    prompt_lens: list[int], max_new_tokens: int, n: int, block_size: int
+    prompt_lens: list[int], max_new_tokens: int, n: int, block_size: int, max_num_seqs: int
 ) -> int:
-    """Pages that hold every sequence of one generate at full length at once: each prompt's full
-    pages once (shared by its n samples), and per sample its copy of the partial prompt page and
-    its response pages (the last sampled token is never written)."""
-    total = 0
+    """Pages that hold at full length as many groups as can run at once (`max_num_seqs`
+    sequences; the longest prompts counted): each prompt's full pages once (shared by its n
+    samples), and per sample its copy of the partial prompt page and its response pages (the
+    last sampled token is never written)."""
+    pages = []
     for prompt_len in prompt_lens:
         shared = prompt_len // block_size
         own = num_blocks_for(prompt_len + max_new_tokens - 1, block_size) - shared
-        total += shared + n * own
-    return total
+        pages.append(shared + n * own)
+    return sum(sorted(pages, reverse=True)[: max(max_num_seqs // n, 1)])

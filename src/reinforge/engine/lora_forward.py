@@ -80,6 +80,9 @@ def prepare_adapters(model) -> None:
 def unsupported_reason(model) -> str | None:
     """Why the paged forward cannot apply this model's adapters, or None."""
     lm = causal_lm(model)
+    copies = [name for name, module in lm.named_modules() if hasattr(module, "original_module")]
+    if copies:  # PEFT's modules_to_save: the forward would read the original, not the copy
+        return f"PEFT modules_to_save wrappers ({', '.join(copies[:3])}) are not read"
     inner = lm.model
     if is_lora_layer(inner.embed_tokens) or not isinstance(inner.embed_tokens, torch.nn.Embedding):
         return f"the embedding is wrapped ({type(inner.embed_tokens).__name__})"

@@ -31,6 +31,7 @@ from reinforge.engine.scheduler import Batch, Scheduler
 from reinforge.engine.sequence import Sequence
 from reinforge.engine.simple import SimpleEngine
 from reinforge.types import Completion
+from reinforge.watchdog import beat
 
 
 class PagedEngine:
@@ -115,6 +116,7 @@ class PagedEngine:
             ahead = self._launch_ahead(scheduler, inflight, params, generator, timers)
             if inflight is not None:
                 self._commit(scheduler, inflight, finish_reason, timers)
+                beat()  # a decode step is progress for the hang watchdog
             inflight = ahead or self._launch_next(scheduler, params, generator, timers)
             if inflight is None:
                 break
@@ -124,7 +126,9 @@ class PagedEngine:
 
     def _grow_pool(self, prompts: list[list[int]], params: SamplingParams) -> None:
         bs = self.block_size
-        want = pages_to_run_at_once(list(map(len, prompts)), params.max_new_tokens, params.n, bs)
+        want = pages_to_run_at_once(
+            list(map(len, prompts)), params.max_new_tokens, params.n, bs, self.max_num_seqs
+        )
         limit = CPU_KV_GROWTH_LIMIT_BYTES // kv_bytes_per_block(self.model, bs)
         self.runner.grow_pool(min(want, limit))
 

@@ -28,7 +28,8 @@ MAX_RESULT_DIGITS = 60  # beyond this a product of products is a denial of servi
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
-INSTRUCTIONS = "Reply with the number alone. You may call the {tool} tool first."
+# The tool itself is described by its schema, which the model's chat template renders.
+INSTRUCTIONS = "Reply with the number alone."
 
 
 def calculator(expression: str) -> str | ToolOutput:
@@ -90,7 +91,7 @@ class ToolArithmeticTasks(ProceduralTasks):
         expression = f"{a}{op}{b}"
         return Task(
             id=task_id,
-            messages=(Message("user", f"{expression}=? {INSTRUCTIONS.format(tool=c.tool)}"),),
+            messages=(Message("user", f"{expression}=? {INSTRUCTIONS}"),),
             answer=str(_OPERATORS[_OP_NODES[op]](a, b)),
             info={"key": expression, "expression": expression},
         )

@@ -60,11 +60,26 @@ def resolve_model(path: str, seed: int = 0) -> ModelRef:
         return ModelRef(str(builtin_path(path.split(":", 1)[1], seed)), None, None, None)
     ckpt = find_checkpoint(path)
     if ckpt is None:
-        return ModelRef(path, None, None, None)  # a hub name
+        check_hub_name(path)
+        return ModelRef(path, None, None, None)
     run_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else None
     if (ckpt / "adapter_config.json").exists():
         return ModelRef(adapter_base(ckpt), ckpt, ckpt, run_dir)
     return ModelRef(str(ckpt), None, ckpt, run_dir)
+
+
+def check_hub_name(name: str) -> None:
+    """A name that is no local folder must be a model on the hub (or in its cache)."""
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(name)
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"{name!r} is not a local run, checkpoint or model folder, and no hub model of that "
+            f"name loads ({type(e).__name__}: {str(e).splitlines()[0]}); give a run directory, "
+            "a checkpoint folder, a model folder, or builtin:tiny"
+        ) from None
 
 
 def adapter_base(ckpt: Path) -> str:

@@ -198,8 +198,9 @@ def rollout(cfg: TrainConfig, policy: Policy, batch_tasks, seed: int) -> list[Gr
     ]
 
 
-def score(groups: list[Group], tasks, errors: faults.RewardErrors) -> None:
+def score(groups: list[Group], tasks, errors: faults.RewardErrors | None = None) -> None:
     """Rewards; one that raises or is not finite scores 0 and is counted in `errors`."""
+    errors = errors if errors is not None else faults.RewardErrors()
     reward = faults.guard_reward(tasks.reward, errors)
     trajs = [t for g in groups for t in g.trajectories]
     num_failed_before = errors.num_failed

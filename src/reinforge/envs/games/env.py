@@ -194,7 +194,7 @@ class GameEnv:
                 problem = f"{label!r} is not a legal move."
             if episode.counters.num_bad_moves + 1 > self.max_illegal_moves:
                 return self._finish(state, episode, step, "loss", is_forfeit=True)
-            return self._reply(state, episode, step, f"{problem}\n")
+            return self._reply(state, episode, step, problem)
 
         step.legal_moves = 1
         episode.position = game.play(episode.position, move)
@@ -205,7 +205,9 @@ class GameEnv:
         episode.position = game.play(episode.position, reply)
         if game.is_over(episode.position):
             return self._finish(state, episode, step, self._outcome(episode))
-        return self._reply(state, episode, step, f"Your opponent played {reply_label}.\n")
+        # The compact board shows the opponent's move; the full style also says it.
+        note = "" if self.prompt_style == "compact" else f"Your opponent played {reply_label}."
+        return self._reply(state, episode, step, note)
 
     def _reply(
         self, state: EnvState, episode: GameEpisode, step: GameCounters, note: str
@@ -214,7 +216,8 @@ class GameEnv:
         board = board_prompt(
             episode.game, episode.position, episode.model_player, self.prompt_style
         )
-        text = note + ("" if self.prompt_style == "compact" else "\n") + board
+        separator = "\n" if self.prompt_style == "compact" else "\n\n"
+        text = f"{note}{separator}{board}" if note else board
         message = Message("user", text)
         state.messages.append(message)
         return StepResult(messages=[message], done=False, metrics=_as_metrics(step))
