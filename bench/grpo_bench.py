@@ -46,24 +46,32 @@ WORKLOADS = {
 }
 
 
-def run_reinforge(name: str, w: dict, steps: int, out: Path) -> dict:
+def run_reinforge(
+    name: str, w: dict, steps: int, out: Path, profile_step: int = 0, overrides=()
+) -> dict:
     run_dir = Path("/tmp/reinforge-bench") / name.lower()
-    cmd = [sys.executable, "-m", "reinforge.cli", "train", w["config"], f"run.max_steps={steps}"]
+    cmd = [sys.executable, "-m", "reinforge.cli"]
+    if profile_step:  # same run, one update under torch.profiler (it slows that step only)
+        cmd = [sys.executable, "bench/profile_train.py", str(profile_step)]
+        cmd.append(str((out / f"train_profile_{name}.txt").resolve()))
+    cmd += ["train", w["config"], f"run.max_steps={steps}", *overrides]
     print("$", " ".join(cmd), flush=True)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - start
-    (out / f"reinforge_{name}.log").write_text(proc.stdout + proc.stderr)
+    (out / f"reinforge_{name}{'_'.join(['', *overrides])}.log").write_text(
+        proc.stdout + proc.stderr
+    )
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
         return {"error": f"exit {proc.returncode}", "wall_s": wall}
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps_rows = [r for r in rows if r.get("phase") == "rl" and "step_s" in r]
-    return summarise(steps_rows, w, wall)
+    return summarise(steps_rows, w, wall, profile_step)
 
 
-def summarise(rows: list[dict], w: dict, wall: float) -> dict:
-    steady = rows[1:] or rows
+def summarise(rows: list[dict], w: dict, wall: float, profile_step: int = 0) -> dict:
+    steady = [r for r in rows[1:] if r["step"] != profile_step] or rows
 
     def med(key: str) -> float:
         return statistics.median(r[key] for r in steady)
@@ -135,28 +143,43 @@ def run_peer(name: str, w: dict, steps: int, out: Path) -> dict:
 
 
 def print_table(results: dict) -> None:
-    print("\n| workload | system | steady step s | generate s | train s | gen tok/s (end to end) "
-          "| train tok/s | train MFU | peak GiB |")
+    print(
+        "\n| workload | system | steady step s | generate s | train s | gen tok/s (end to end) "
+        "| train tok/s | train MFU | peak GiB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         ours, peer = r["reinforge"], r.get("peer", {})
         if "error" not in ours:
-            print(f"| {name} | reinforge | {ours['steady_step_s']} | {ours['generate_s']} | "
-                  f"{ours['train_s']} | {ours['generated_tok_per_s']:,} | "
-                  f"{ours['train_tok_per_s']:,} | {ours['train_mfu_vs_796tflops']:.1%} | "
-                  f"{ours['peak_gib']} |")
+            print(
+                f"| {name} | reinforge | {ours['steady_step_s']} | {ours['generate_s']} | "
+                f"{ours['train_s']} | {ours['generated_tok_per_s']:,} | "
+                f"{ours['train_tok_per_s']:,} | {ours['train_mfu_vs_796tflops']:.1%} | "
+                f"{ours['peak_gib']} |"
+            )
         else:
             print(f"| {name} | reinforge | {ours['error']} | | | | | | |")
+        for label, variant in r.items():
+            if label.startswith("reinforge ") and "error" not in variant:
+                print(
+                    f"| {name} | {label} | {variant['steady_step_s']} | {variant['generate_s']} | "
+                    f"{variant['train_s']} | {variant['generated_tok_per_s']:,} | "
+                    f"{variant['train_tok_per_s']:,} | {variant['train_mfu_vs_796tflops']:.1%} | "
+                    f"{variant['peak_gib']} |"
+                )
+            elif label.startswith("reinforge "):
+                print(f"| {name} | {label} | {variant['error']} | | | | | | |")
         if peer and "error" not in peer:
-            print(f"| {name} | {peer['peer']} | {peer['steady_step_s']} | | | "
-                  f"{peer['generated_tok_per_s']:,} | | | {peer['peak_gib']} |")
+            print(
+                f"| {name} | {peer['peer']} | {peer['steady_step_s']} | | | "
+                f"{peer['generated_tok_per_s']:,} | | | {peer['peak_gib']} |"
+            )
         elif peer:
             print(f"| {name} | TRL GRPOTrainer | {peer['error']} | | | | | | |")
         if "error" not in ours and peer and "error" not in peer:
             speed = peer["steady_step_s"] / ours["steady_step_s"]
             memory = 1 - ours["peak_gib"] / peer["peak_gib"]
-            print(f"| {name} | ratio | **{speed:.1f}x faster** | | | | | | "
-                  f"{memory:+.0%} less |")
+            print(f"| {name} | ratio | **{speed:.1f}x faster** | | | | | | {memory:+.0%} less |")
 
 
 def main() -> None:
@@ -165,6 +188,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5, help="reinforge RL steps (steady: 2..N)")
     p.add_argument("--peer-steps", type=int, default=4)
     p.add_argument("--skip-peer", action="store_true")
+    p.add_argument(
+        "--also",
+        default="",
+        help="run reinforge once more with these overrides, e.g. 'train.compile=true'",
+    )
+    p.add_argument(
+        "--profile-step",
+        type=int,
+        default=0,
+        help="profile this RL step's update (reported steady figures then skip that step)",
+    )
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     a = p.parse_args()
     out = Path(a.out)
@@ -172,8 +206,12 @@ def main() -> None:
     results = {}
     for name in a.workload:
         w = WORKLOADS[name]
-        results[name] = {"reinforge": run_reinforge(name, w, a.steps, out)}
+        results[name] = {"reinforge": run_reinforge(name, w, a.steps, out, a.profile_step)}
         print(name, "reinforge", json.dumps(results[name]["reinforge"]), flush=True)
+        if a.also:
+            variant = run_reinforge(name, w, a.steps, out, 0, a.also.split())
+            results[name][f"reinforge {a.also}"] = variant
+            print(name, "reinforge", a.also, json.dumps(variant), flush=True)
         if not a.skip_peer:
             results[name]["peer"] = run_peer(name, w, a.peer_steps, out)
             print(name, "peer", json.dumps(results[name]["peer"]), flush=True)

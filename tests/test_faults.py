@@ -86,3 +86,26 @@ def test_faults_config_is_checked():
         load_config(TrainConfig, None, ["faults.generation=0.1", "faults.kinds=['nan']"])
     with pytest.raises(ConfigError, match=r"faults\.reward"):
         load_config(TrainConfig, None, ["faults.reward=1.5"])
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    return a + b
+
+
+def test_a_tool_fault_reaches_the_model_as_the_tools_error():
+    from reinforge.envs.tools import call_tool, make_tools
+
+    tools = make_tools([add])
+    install(FaultPlan(rates={"tool": 1.0}))
+    try:
+        failed = call_tool(tools, "add", {"a": 1, "b": 2})
+    finally:
+        install(None)
+    assert failed.status == "error" and "injected fault at tool" in failed.text
+    assert call_tool(tools, "add", {"a": 1, "b": 2}).text == "3"  # no plan: the tool runs

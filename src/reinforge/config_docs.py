@@ -39,7 +39,15 @@ def _fmt_default(value: Any) -> str:
         return f"`{str(value).lower()}`"
     if isinstance(value, tuple):
         value = list(value)
+    if isinstance(value, list) and value and all(isinstance(v, BaseModel) for v in value):
+        return "`[" + ", ".join(_inline_table(v) for v in value) + "]`"
     return f"`{value}`"
+
+
+def _inline_table(model: BaseModel) -> str:
+    """A section value as a TOML inline table, its unset (None) keys left out."""
+    items = model.model_dump(mode="json", exclude_none=True).items()
+    return "{" + ", ".join(f"{k} = {v!r}".replace("'", '"') for k, v in items) + "}"
 
 
 def _bounds(field) -> str:
@@ -62,6 +70,14 @@ def _section_table(model: type[BaseModel], where: str) -> list[str]:
             nested.append((f"{where}.{name}", field.annotation))
             lines.append(f"| `{name}` | table | | | {doc} See `[{where}.{name}]`. |")
             continue
+        item = _table_list_item(field.annotation)
+        if item is not None:  # a list of tables: `[[section.key]]`, or inline `key = [{...}]`
+            nested.append((f"[{where}.{name}]", item))
+            lines.append(
+                f"| `{name}` | list of tables | {_fmt_default(field.default)} | | {doc} Each "
+                f"entry: see `[[{where}.{name}]]`. |"
+            )
+            continue
         lines.append(
             f"| `{name}` | {_type_name(field.annotation)} | {_fmt_default(field.default)} | "
             f"{_bounds(field)} | {doc} |"
@@ -73,6 +89,14 @@ def _section_table(model: type[BaseModel], where: str) -> list[str]:
 
 def _is_table(annotation: Any) -> bool:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _table_list_item(annotation: Any) -> type[BaseModel] | None:
+    """The section model of a `list[Section]` annotation, else None."""
+    args = get_args(annotation)
+    if get_origin(annotation) is list and len(args) == 1 and _is_table(args[0]):
+        return args[0]
+    return None
 
 
 def render() -> str:

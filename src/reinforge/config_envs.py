@@ -93,6 +93,10 @@ class ToolArithmeticTaskConfig(EnvTaskConfig):
     """Tool calls run per assistant message; further ones are answered with an error."""
     sandbox: SandboxSection = SandboxSection()
     """The code sandbox (tool = "python" only)."""
+    partial_credit: float = Field(0.0, ge=0.0, lt=1.0)
+    """Reward for a wrong answer, scaled by the fraction of its digits (aligned from the right)
+    that match, as in the arithmetic task; 0 gives a plain 0/1 reward. It tells RL which digits
+    a nearly right answer got right (a half-copied tool result, say)."""
     demo_tool_fraction: float = Field(0.5, ge=0.0, le=1.0)
     """Share of the SFT reference demonstrations that call the tool before answering; the others
     answer at once (correctly: what a model that can do the sum in its head would write)."""

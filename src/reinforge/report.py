@@ -29,6 +29,8 @@ COUNTERS = (
     "tool_errors",
     "tool_timeouts",
     "malformed_calls",
+    "unknown_tool_calls",
+    "context_overflows",
     "faults_injected",
 )
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from reinforge.algorithms.losses import (
+    AGGREGATIONS,
     LossInputs,
     PolicyLossSettings,
     aggregate,
@@ -151,16 +152,99 @@ def test_cispo_weight_is_stop_gradient():
     assert math.isclose(logp.grad.item(), -0.8, rel_tol=1e-12)
 
 
-@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
-def test_on_policy_ratio_one_gives_the_plain_policy_gradient(name):
-    # ratio exactly 1: every loss reduces to REINFORCE, grad = -A / N per token for token_mean
-    logp = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -4.0, 0.0]], dtype=torch.float64)
+def ragged_on_policy_batch(length: int = 300):
+    """Three sequences of lengths 1, `length` and 4 in a [3, length] grid, padding after the short
+    ones holding junk logprobs; old logprobs equal the current ones (ratio exactly 1)."""
+    g = torch.Generator().manual_seed(5)
+    logp = -torch.rand(3, length, generator=g, dtype=torch.float64) * 3
     logp.requires_grad_(True)
-    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
-    adv = torch.tensor([0.7, -1.3], dtype=torch.float64)
-    x = LossInputs(logp, logp.detach(), adv, mask, 5.0, 2.0)
-    POLICY_LOSSES[name](x, PolicyLossSettings(clip_low=3e-4, clip_high=4e-4))[0].backward()
-    assert torch.allclose(logp.grad, -adv[:, None] * mask / 5.0)
+    mask = torch.zeros(3, length, dtype=torch.float64)
+    for b, num_tokens in enumerate([1, length, 4]):
+        mask[b, :num_tokens] = 1.0
+    adv = torch.tensor([0.7, -1.3, 2.0], dtype=torch.float64)
+    x = LossInputs(logp, logp.detach(), adv, mask, float(mask.sum()), 3.0, token_sum_norm=length)
+    return logp, x
+
+
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
+@pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
+def test_on_policy_ratio_one_gives_the_plain_policy_gradient(name, aggregation):
+    # ratio exactly 1: every loss reduces to REINFORCE, grad = -A_b * (the token's aggregation
+    # weight) on the sequence's tokens, nothing on padding, whatever the sequence's length
+    logp, x = ragged_on_policy_batch(length=300)
+    settings = PolicyLossSettings(clip_low=3e-4, clip_high=4e-4, aggregation=aggregation)
+    POLICY_LOSSES[name](x, settings)[0].backward()
+    lengths = torch.tensor([1.0, 300.0, 4.0], dtype=torch.float64)
+    weight_B = {
+        "token_mean": torch.full((3,), 1 / 305, dtype=torch.float64),
+        "seq_mean_token_mean": 1 / (lengths * 3),
+        "seq_mean_token_sum_norm": torch.full((3,), 1 / (300 * 3), dtype=torch.float64),
+        "seq_mean_token_sum": torch.full((3,), 1 / 3, dtype=torch.float64),
+    }[aggregation]
+    expected = -(x.advantages_B * weight_B)[:, None] * x.mask_BT
+    assert torch.allclose(logp.grad, expected, rtol=1e-12, atol=0.0)
+    assert torch.all(logp.grad[x.mask_BT == 0] == 0)
+
+
+def test_ppo_ratios_far_outside_the_clip_range():
+    # ratio e^30 (A +1: clipped; A -1: pessimistic branch, capped by the dual clip) and e^-30
+    # (A +1: unclipped, a vanishing gradient; A -1: clipped at 0.8)
+    logp, x = per_sequence_tokens([30.0, -30.0, -30.0, 30.0], [1.0, 1.0, -1.0, -1.0])
+    loss, m = ppo_clip_loss(x, PolicyLossSettings(clip_low=0.2, clip_high=0.28, dual_clip_c=3.0))
+    tiny = math.exp(-30.0)
+    assert math.isclose(loss.item(), (-1.28 - tiny + 0.8 + 3.0) / 4, rel_tol=1e-12)
+    assert m["clip_frac"].item() == 2 / 4 and m["dual_clip_frac"].item() == 1 / 4
+    loss.backward()
+    expected = torch.tensor([0.0, -tiny / 4, 0.0, 0.0], dtype=torch.float64)
+    assert torch.allclose(logp.grad[:, 0], expected, rtol=1e-12, atol=0.0)
+
+
+def test_log_ratios_beyond_the_overflow_guard_saturate_without_gradient():
+    # exp(50) would overflow float32; the log ratio is capped at MAX_LOG_RATIO = 20, so a token
+    # whose pessimistic branch is that far out contributes e^20 * |A| and no gradient
+    logp = torch.tensor([[50.0]], requires_grad=True)
+    x = LossInputs(logp, torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1), 1.0, 1.0)
+    loss, _ = ppo_clip_loss(x, PolicyLossSettings())
+    assert math.isclose(loss.item(), math.exp(20.0), rel_tol=1e-6)
+    loss.backward()
+    assert logp.grad.item() == 0.0
+
+
+def test_gspo_sequence_ratios_far_outside_the_clip_range():
+    # seq 0: two tokens at log ratio 30, A +1 -> s = e^30, clipped at 1 + 4e-4
+    # seq 1: one token at -30, A +1 -> s = e^-30, unclipped: loss -e^-30, a vanishing gradient
+    # seq 2: three tokens at -30, A -1 -> s = e^-30, clipped at 1 - 3e-4
+    old = torch.zeros(3, 3, dtype=torch.float64)
+    logp = torch.tensor(
+        [[30.0, 30.0, 0.0], [-30.0, 0.0, 0.0], [-30.0, -30.0, -30.0]],
+        dtype=torch.float64,
+        requires_grad=True,
+    )
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1]], dtype=torch.float64)
+    adv = torch.tensor([1.0, 1.0, -1.0], dtype=torch.float64)
+    settings = PolicyLossSettings(clip_low=3e-4, clip_high=4e-4, aggregation="seq_mean_token_mean")
+    loss, m = gspo_loss(LossInputs(logp, old, adv, mask, 6.0, 3.0), settings)
+    tiny = math.exp(-30.0)
+    assert math.isclose(loss.item(), (-(1 + 4e-4) - tiny + (1 - 3e-4)) / 3, rel_tol=1e-12)
+    assert math.isclose(m["clip_frac"].item(), 2 / 3)
+    loss.backward()
+    expected = torch.zeros(3, 3, dtype=torch.float64)
+    expected[1, 0] = -tiny / 3  # -A * s / |y| / num_seqs
+    assert torch.allclose(logp.grad, expected, rtol=1e-12, atol=0.0)
+
+
+def test_cispo_ratios_far_outside_the_clip_range_keep_their_gradient():
+    # weights: e^30 capped at 1 + 5 = 6; e^-30 (no floor: clip_low = 1.0); e^50 -> log ratio
+    # capped at 20 by the overflow guard, then at 6
+    logp, x = per_sequence_tokens([30.0, -30.0, 50.0], [1.0, 1.0, -1.0])
+    loss, m = cispo_loss(x, PolicyLossSettings(clip_low=1.0, clip_high=5.0))
+    weights, advs, logps = [6.0, math.exp(-30.0), 6.0], [1.0, 1.0, -1.0], [30.0, -30.0, 50.0]
+    expected_loss = sum(-w * a * lp for w, a, lp in zip(weights, advs, logps)) / 3
+    assert math.isclose(loss.item(), expected_loss, rel_tol=1e-12)
+    assert math.isclose(m["clip_frac"].item(), 2 / 3)
+    loss.backward()
+    expected_grad = torch.tensor([-w * a / 3 for w, a in zip(weights, advs)], dtype=torch.float64)
+    assert torch.allclose(logp.grad[:, 0], expected_grad, rtol=1e-12, atol=0.0)
 
 
 def test_per_token_advantages_are_used_token_by_token():

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.gpu
 
 SHAPE = Path(__file__).resolve().parents[2] / "bench" / "shapes" / "qwen2.5-0.5b.json"
 MATRIX_STD = 0.05
-NUM_NEW = 32
+NUM_NEW = 64
 
 
 class IdsTokenizer:
@@ -69,55 +69,28 @@ def add_adapter(model, seed: int = 0, rank: int = 16):
     return peft_model.eval()
 
 
-def random_prompts(vocab_size: int, lengths=(7, 16, 17, 33, 48, 64, 90, 128)) -> list[list[int]]:
+# below, at and across page boundaries (16 tokens)
+PROMPT_LENGTHS = (7, 12, 15, 16, 17, 25, 31, 32, 33, 48, 50, 64, 65, 90, 100, 128)
+
+
+def random_prompts(vocab_size: int, lengths=PROMPT_LENGTHS) -> list[list[int]]:
     generator = torch.Generator().manual_seed(1234)
     return [torch.randint(0, vocab_size - 3, (n,), generator=generator).tolist() for n in lengths]
 
 
 def teacher_forced(model, prompt: list[int], completion: list[int]):
-    """(argmax ids, logprob of each completion token) of `model` given each token's prefix."""
+    """(logits [T, V] float32, logprob of each completion token) of `model` given each token's
+    prefix."""
     device = next(model.parameters()).device
     ids = torch.tensor([prompt + completion], device=device)
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
     logprobs = torch.log_softmax(logits, dim=-1)
-    chosen = logprobs.gather(-1, ids[0, len(prompt) :, None]).squeeze(-1)
-    return logits.argmax(-1).cpu(), chosen.cpu()
+    return logits.cpu(), logprobs.gather(-1, ids[0, len(prompt) :, None]).squeeze(-1).cpu()
 
 
-def agreement(engine_outputs, prompts, model16, model32) -> dict[str, float]:
-    """The engine's greedy tokens scored under teacher forcing by transformers in bf16 (the
-    same weights) and in float32 (the reference), and transformers' own bf16 greedy tokens by
-    float32 for scale."""
-    agree16, agree32, hf_agree32 = [], [], []
-    lp_err16, lp_err32, hf_lp_err32 = [], [], []
-    for prompt, group in zip(prompts, engine_outputs):
-        completion = group[0]
-        ours = torch.tensor(completion.token_ids)
-        argmax16, lp16 = teacher_forced(model16, prompt, completion.token_ids)
-        argmax32, lp32 = teacher_forced(model32, prompt, completion.token_ids)
-        agree16.append((argmax16 == ours).float())
-        agree32.append((argmax32 == ours).float())
-        lp_err16.append((torch.tensor(completion.logprobs) - lp16).abs())
-        lp_err32.append((torch.tensor(completion.logprobs) - lp32).abs())
-        hf_ids = hf_greedy(model16, prompt)
-        hf_argmax32, hf_lp32 = teacher_forced(model32, prompt, hf_ids)
-        _, hf_lp16 = teacher_forced(model16, prompt, hf_ids)
-        hf_agree32.append((hf_argmax32 == torch.tensor(hf_ids)).float())
-        hf_lp_err32.append((hf_lp16 - hf_lp32).abs())
-    cat = torch.cat
-    return {
-        "match_vs_hf_bf16": cat(agree16).mean().item(),
-        "match_vs_fp32": cat(agree32).mean().item(),
-        "hf_bf16_match_vs_fp32": cat(hf_agree32).mean().item(),
-        "max_logprob_diff_vs_hf_bf16": cat(lp_err16).max().item(),
-        "mean_logprob_diff_vs_hf_bf16": cat(lp_err16).mean().item(),
-        "mean_logprob_err_vs_fp32": cat(lp_err32).mean().item(),
-        "hf_bf16_mean_logprob_err_vs_fp32": cat(hf_lp_err32).mean().item(),
-    }
-
-
-def hf_greedy(model, prompt: list[int]) -> list[int]:
+def hf_greedy(model, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
+    """transformers' greedy ids and their logprobs, from its own incremental decode."""
     device = next(model.parameters()).device
     ids = torch.tensor([prompt], device=device)
     out = model.generate(
@@ -127,19 +100,72 @@ def hf_greedy(model, prompt: list[int]) -> list[int]:
         max_new_tokens=NUM_NEW,
         min_new_tokens=NUM_NEW,
         pad_token_id=0,
+        output_logits=True,
+        return_dict_in_generate=True,
     )
-    return out[0, len(prompt) :].tolist()
+    tokens = out.sequences[0, len(prompt) :]
+    logprobs = torch.log_softmax(torch.cat(out.logits).float(), dim=-1)
+    return tokens.tolist(), logprobs.gather(-1, tokens[:, None]).squeeze(-1).cpu()
+
+
+def scores(tokens: list[int], logprobs: torch.Tensor, prompt, model16, model32) -> dict:
+    """Per token: agreement with each model's argmax under teacher forcing, the float32 logit
+    given up against the float32 argmax (0 where they agree), logprob differences."""
+    chosen = torch.tensor(tokens)
+    logits16, lp16 = teacher_forced(model16, prompt, tokens)
+    logits32, lp32 = teacher_forced(model32, prompt, tokens)
+    best32 = logits32.max(-1).values
+    return {
+        "match16": (logits16.argmax(-1) == chosen).float(),
+        "match32": (logits32.argmax(-1) == chosen).float(),
+        "regret32": best32 - logits32.gather(-1, chosen[:, None]).squeeze(-1),
+        "lp_diff16": (logprobs - lp16).abs(),
+        "lp_err32": (logprobs - lp32).abs(),
+    }
+
+
+def agreement(engine_outputs, prompts, model16, model32) -> dict[str, float]:
+    """The engine's greedy tokens and logprobs scored under teacher forcing by transformers in
+    bf16 (the same weights) and float32 (the reference); transformers' own bf16 greedy decode
+    scored by float32 the same way, for scale."""
+    ours, theirs, num_equal = [], [], 0
+    for prompt, group in zip(prompts, engine_outputs):
+        completion = group[0]
+        logprobs = torch.tensor(completion.logprobs)
+        ours.append(scores(completion.token_ids, logprobs, prompt, model16, model32))
+        hf_ids, hf_logprobs = hf_greedy(model16, prompt)
+        theirs.append(scores(hf_ids, hf_logprobs, prompt, model16, model32))
+        num_equal += hf_ids == completion.token_ids
+
+    def cat(rows, key):
+        return torch.cat([row[key] for row in rows])
+
+    return {
+        "completions_equal_to_hf_generate": num_equal / len(prompts),
+        "match_vs_hf_bf16": cat(ours, "match16").mean().item(),
+        "match_vs_fp32": cat(ours, "match32").mean().item(),
+        "hf_bf16_match_vs_fp32": cat(theirs, "match32").mean().item(),
+        "max_regret_vs_fp32": cat(ours, "regret32").max().item(),
+        "hf_bf16_max_regret_vs_fp32": cat(theirs, "regret32").max().item(),
+        "max_logprob_diff_vs_hf_bf16": cat(ours, "lp_diff16").max().item(),
+        "mean_logprob_diff_vs_hf_bf16": cat(ours, "lp_diff16").mean().item(),
+        "mean_logprob_err_vs_fp32": cat(ours, "lp_err32").mean().item(),
+        "hf_bf16_mean_logprob_err_vs_fp32": cat(theirs, "lp_err32").mean().item(),
+    }
 
 
 def check_agreement(metrics: dict[str, float], label: str) -> None:
     print(f"\n{label}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
     # as faithful to float32 as transformers' own bf16 is, within noise
-    assert metrics["match_vs_fp32"] >= metrics["hf_bf16_match_vs_fp32"] - 0.05, metrics
+    assert metrics["match_vs_fp32"] >= metrics["hf_bf16_match_vs_fp32"] - 0.07, metrics
+    assert metrics["max_regret_vs_fp32"] <= max(2 * metrics["hf_bf16_max_regret_vs_fp32"], 0.25), (
+        metrics
+    )
     assert metrics["mean_logprob_err_vs_fp32"] <= (
         2 * metrics["hf_bf16_mean_logprob_err_vs_fp32"] + 0.01
     ), metrics
     # and close to transformers' bf16 itself, token by token
-    assert metrics["match_vs_hf_bf16"] >= 0.9, metrics
+    assert metrics["match_vs_hf_bf16"] >= 0.85, metrics
     assert metrics["max_logprob_diff_vs_hf_bf16"] < 1.0, metrics
 
 
@@ -161,8 +187,6 @@ def test_greedy_agreement_with_hf_on_the_05b_shape_bf16():
     assert engine.runner.graphs.graphs, "decode should have replayed CUDA graphs"
     distinct = {t for group in outputs for t in group[0].token_ids}
     assert len(distinct) > NUM_NEW, "the random model should not just repeat tokens"
-    exact = sum(g[0].token_ids == hf_greedy(model16, p) for p, g in zip(prompts, outputs))
-    print(f"\nwhole completions equal to HF bf16 generate: {exact} of {len(prompts)}")
     check_agreement(agreement(outputs, prompts, model16, model32), "0.5b shape, bf16")
 
 

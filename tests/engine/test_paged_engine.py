@@ -144,3 +144,14 @@ def test_running_one_step_ahead_changes_nothing(models, tokenizer, num_blocks, m
                 torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs))
         lengths = {len(c.token_ids) for g in ahead for c in g}
         assert len(lengths) > 1 and all(c.finish_reason for g in ahead for c in g)
+
+
+def test_more_samples_than_max_num_seqs_take_turns(models, tokenizer):
+    model = models["qwen2"]
+    engine = PagedEngine(model, tokenizer, block_size=4, max_num_seqs=4)
+    prompts = PROMPTS[:2]
+    outputs = engine.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0.0, n=10))
+    for prompt, group in zip(prompts, outputs):
+        assert [c.token_ids for c in group] == [hf_greedy(model, prompt, 6)] * 10
+    # each prompt prefilled once per turn of at most 4 samples: 3 turns
+    assert engine.stats.extra["num_prefill_tokens"] == 3 * sum(map(len, prompts))

@@ -211,7 +211,9 @@ def test_scripted_episode_messages_counters_and_reward():
             assert result.messages[0].role == "user"
             assert result.messages[0].content.startswith("Your opponent played")
     assert result is not None and episode.outcome in ("win", "draw", "loss")
-    assert result.rewards == {"reward": {"win": 1.0, "draw": 0.5, "loss": 0.0}[episode.outcome]}
+    outcome = {"win": 1.0, "draw": 0.5, "loss": 0.0}[episode.outcome]
+    legal = float(state.turn)
+    assert result.rewards == {"reward": outcome, "outcome": outcome, "legal_moves": legal}
     assert result.metrics[episode.outcome] == 1.0
     assert episode.counters.illegal_moves == 0 and episode.counters.legal_moves == state.turn
 
@@ -239,7 +241,7 @@ def test_minimax_opponent_beats_a_bad_policy():
     while not state.done:
         move = TIC_TAC_TOE.legal_moves(state.info["game"].position)[-1]
         result = env.step(state, Message("assistant", f"<move>{move + 1}</move>"))
-    assert state.info["game"].outcome == "loss" and result.rewards == {"reward": 0.0}
+    assert state.info["game"].outcome == "loss" and result.rewards["reward"] == 0.0
     assert result.metrics["loss"] == 1.0 and result.metrics["forfeit"] == 0.0
 
 
@@ -249,7 +251,7 @@ def test_illegal_move_forfeits_in_outcome_mode():
     first = env.step(state, Message("assistant", "<move>5</move>"))
     assert not first.done
     taken = env.step(state, Message("assistant", "<move>5</move>"))
-    assert taken.done and taken.rewards == {"reward": 0.0}
+    assert taken.done and taken.rewards == {"reward": 0.0, "outcome": 0.0, "legal_moves": 1.0}
     assert taken.metrics["illegal_moves"] == 1.0 and taken.metrics["forfeit"] == 1.0
     assert state.info["game"].counters == GameCounters(turns=2, legal_moves=1, illegal_moves=1)
 
@@ -263,7 +265,8 @@ def test_legality_mode_counts_legal_moves_and_retries_within_the_allowance():
     assert retry.messages[0].content.startswith("No move found")
     assert "Legal moves:" in retry.messages[0].content
     end = env.step(state, Message("assistant", "<move>42</move>"))
-    assert end.done and end.rewards == {"reward": 1.0}  # one legal move made
+    # one legal move made; the forfeit's outcome is reported too, as a component
+    assert end.done and end.rewards == {"reward": 1.0, "outcome": 0.0, "legal_moves": 1.0}
     assert state.info["game"].counters == GameCounters(
         turns=3, legal_moves=1, illegal_moves=1, malformed_moves=1
     )
@@ -307,3 +310,29 @@ def test_single_turn_reward_is_first_move_legality():
     assert tasks.reward("<move>4</move>", task) == 1.0
     assert tasks.reward("<move>8</move>", task) == 0.0
     assert tasks.reward("four", task) == 0.0
+
+
+def test_compact_prompts_draw_one_character_per_cell():
+    tasks = GameTasks([GameCase("tic_tac_toe", "random", model_player=0)], prompt_style="compact")
+    env = GameEnv(prompt_style="compact")
+    state = env.reset(tasks.train_task(0))
+    assert state.messages[0].content == (
+        "tic-tac-toe, you play X.\n123\n456\n789\nMoves: 1 2 3 4 5 6 7 8 9"
+    )
+    reply = env.step(state, Message("assistant", "5")).messages[0].content
+    assert reply.count("\n") == 3 and "X" in reply.splitlines()[1] and "O" in reply
+    assert not reply.startswith("Your opponent")  # the board shows the opponent's move
+
+
+def test_best_move_demonstrations_never_lose_to_a_random_opponent():
+    tasks = GameTasks(
+        [GameCase("tic_tac_toe", "random")], prompt_style="compact", demo_best_move_fraction=1.0
+    )
+    env = GameEnv(prompt_style="compact")
+    outcomes = []
+    for i in range(20):
+        state = env.reset(tasks.train_task(i))
+        while not state.done:
+            env.step(state, Message("assistant", tasks.demonstration(state)))
+        outcomes.append(state.info["game"].outcome)
+    assert "loss" not in outcomes and outcomes.count("win") >= 15, outcomes

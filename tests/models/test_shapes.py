@@ -47,7 +47,9 @@ def test_shape_model_and_tokenizer_round_trip(shape_file):
     assert type(a).__name__ == "Qwen2ForCausalLM"
     for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
         assert torch.equal(pa, pb), f"{name}: the seed does not fix the random weights"
-    other = load_model(model_source(f"shape:{shape_file}", seed=4), torch.device("cpu"), torch.float32)
+    other = load_model(
+        model_source(f"shape:{shape_file}", seed=4), torch.device("cpu"), torch.float32
+    )
     assert not torch.equal(a.model.embed_tokens.weight, other.model.embed_tokens.weight)
 
 

@@ -26,7 +26,8 @@ from .test_rl_loop import DigitTasks, NullLogger, make_learner
 
 # One-digit sums: an answer fits in 3 tokens (two digits, EOS); the sentence runs past the 4-token
 # budget and, like any answer not led by the number, earns 0. Partial credit for the right digits
-# of a wrong number. 16 held-out problems leave the training stream most of the 100 sums.
+# of a wrong number. 16 held-out problems leave the training stream most of the 100 sums. Small
+# micro-batches: on the CPU one packed batch of the whole step is slower (0.23 s vs 0.15 s a step).
 ARITHMETIC = [
     "model.path=builtin:micro",
     "task.name=arithmetic",
@@ -46,9 +47,9 @@ NUM_RL_STEPS = 10
 # what each preset needs to fit the 4-token budget; everything else is the preset's own. DAPO's
 # overlong penalty then falls on truncated answers only.
 FITS_THE_BUDGET = {"dapo": ["algorithm.overlong_buffer=1"]}
-# Measured over 3 seeds (SFT and RL), all 8 presets: probe reward +0.11 to +0.21, answers cut
-# off at the budget 0.34-0.38 -> at most 0.04.
-MIN_REWARD_GAIN = 0.06
+# Measured with run.seed 0-4 (SFT and RL), all 8 presets: probe reward +0.085 to +0.27 (median
+# +0.20), answers cut off at the budget 0.37-0.39 -> at most 0.06.
+MIN_REWARD_GAIN = 0.05
 
 
 @pytest.fixture(scope="session")
@@ -177,13 +178,14 @@ def test_dynamic_sampling_drops_flat_groups_and_counts_them(max_rounds):
     state = TrainerState("rl", 0, 0)
     sampled, chosen, metrics = rl.sample_groups(cfg, policy, tasks, state, step=1)
     flat = [len({t.reward for t in g.trajectories}) == 1 for g in chosen]
+    counts = {k: metrics[k] for k in ("sampling_rounds", "dropped_groups", "filled_groups")}
     if max_rounds == 4:
         # round 1: 4 prompts, 2 flat; round 2 samples 2 missing / keep rate 1/2 = 4 prompts
-        assert metrics == {"sampling_rounds": 2.0, "dropped_groups": 4.0, "filled_groups": 0.0}
+        assert counts == {"sampling_rounds": 2.0, "dropped_groups": 4.0, "filled_groups": 0.0}
         assert len(sampled) == 8 and state.data_position == 8
         assert len(chosen) == 4 and not any(flat)
     else:  # capped after one round: the two flat groups fill the batch, and say so
-        assert metrics == {"sampling_rounds": 1.0, "dropped_groups": 2.0, "filled_groups": 2.0}
+        assert counts == {"sampling_rounds": 1.0, "dropped_groups": 2.0, "filled_groups": 2.0}
         assert len(chosen) == 4 and sum(flat) == 2 and state.data_position == 4
 
 

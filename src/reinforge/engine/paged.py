@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from reinforge import watchdog
 from reinforge.engine.base import GenerationStats, SamplingParams
 from reinforge.engine.block_manager import BlockManager, pages_to_run_at_once
 from reinforge.engine.model_runner import (
@@ -103,7 +102,10 @@ class PagedEngine:
         )
         groups = [self._new_group(i, prompt, params) for i, prompt in enumerate(prompts)]
         for group in groups:
-            scheduler.add(group)
+            # more samples than can run at once share the prompt's pages in turns (each turn
+            # prefills the prompt again)
+            for k in range(0, len(group), self.max_num_seqs):
+                scheduler.add(group[k : k + self.max_num_seqs])
         if prompts:
             self.runner.ensure_max_len(max(map(len, prompts)) + params.max_new_tokens)
         self.runner.begin_generate()
@@ -164,7 +166,6 @@ class PagedEngine:
         token_ids, logprobs = step.result()  # waits for the device
         waited = time.perf_counter()
         scheduler.commit(step.batch, token_ids, logprobs, finish_reason)
-        watchdog.beat()  # a step done is progress (the model's own forward hooks never run here)
         timers.add(step.batch.is_prefill, "wait", waited - start)
         timers.add(step.batch.is_prefill, "commit", time.perf_counter() - waited)
 

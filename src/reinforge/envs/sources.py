@@ -99,12 +99,16 @@ class EnvTasks:
 
 
 def build_tool_arithmetic(cfg) -> EnvTasks:
-    from reinforge.envs.calculator import ToolArithmeticTasks, calculator
-    from reinforge.envs.tool_env import ToolEnv
+    from reinforge.envs.calculator import (
+        ArithmeticToolEnv,
+        ToolArithmeticTasks,
+        calculator,
+        python_with_values,
+    )
 
     tasks = ToolArithmeticTasks(cfg)
-    tool = calculator if cfg.tool == "calculator" else _python_tool(cfg.sandbox)
-    env = ToolEnv(
+    tool = calculator if cfg.tool == "calculator" else python_with_values(_python_tool(cfg.sandbox))
+    env = ArithmeticToolEnv(
         [tool],
         tasks.reward,
         parser=cfg.parser,

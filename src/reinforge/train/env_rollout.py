@@ -17,10 +17,13 @@ token-out mismatches, win / draw / loss rates, and each reward component.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from reinforge.engine.base import Engine, SamplingParams
 from reinforge.envs.sources import EnvTasks
 from reinforge.eval import EvalResult, sample_row
 from reinforge.eval_metrics import Sample, summarize_eval
+from reinforge.metrics import read_metrics
 from reinforge.train.common import eos_ids
 from reinforge.train.episodes import Episode, EpisodeLimits, check_episode, run_episodes
 from reinforge.types import Completion, Group, Task, Trajectory
@@ -187,3 +190,19 @@ def eval_sample(t: Trajectory, source: str) -> Sample:
     answer, a won game), its length the ids the model generated (env replies excluded)."""
     num_generated = sum(t.completion.loss_mask or [])
     return Sample(t.reward, num_generated, t.completion.finish_reason, source)
+
+
+def tool_use_notes(run_dir: Path) -> list[str]:
+    """The summary's warning when an env task offered tools and no RL step ever saw one called
+    (a tool env whose tools are never called trains nothing about them, silently otherwise)."""
+    rows = [r for r in read_metrics(run_dir / "metrics.jsonl") if "tool_call_rate" in r]
+    rows = [r for r in rows if r.get("phase", "rl") == "rl"]
+    if not rows or any(r["tool_call_rate"] > 0 for r in rows):
+        return []
+    malformed = sum(r.get("malformed_calls", 0.0) for r in rows)
+    return [
+        f"TOOLS WERE NEVER CALLED: tool_call_rate was 0 in all {len(rows)} RL steps "
+        f"({malformed:g} malformed calls). Check that the chat template shows the tools "
+        "(task.render_tools), that task.parser matches the model's tool-call format, or warm "
+        "the model up with an SFT stage (sft.steps) on demonstrations that call them"
+    ]

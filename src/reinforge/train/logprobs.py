@@ -59,8 +59,14 @@ class ChunkedLogprobs(torch.autograd.Function):
         num = hidden_NH.shape[0]
         logprobs_N = torch.empty(num, dtype=_math_dtype(weight_VH), device=hidden_NH.device)
         entropy_N = torch.empty_like(logprobs_N)
+        fused = fused_kernels(hidden_NH.device)
         for start in range(0, num, chunk_size):
             end = min(start + chunk_size, num)
+            if fused is not None:
+                logprobs_N[start:end], entropy_N[start:end] = fused[0](
+                    hidden_NH[start:end] @ weight_VH.t(), targets_N[start:end], temperature
+                )
+                continue
             z_CV = _chunk_logits(hidden_NH[start:end], weight_VH, temperature)
             lse_C = torch.logsumexp(z_CV, dim=-1)
             logprobs_N[start:end] = z_CV.gather(1, targets_N[start:end, None])[:, 0] - lse_C
@@ -79,18 +85,27 @@ class ChunkedLogprobs(torch.autograd.Function):
             if needs_weight
             else None
         )
+        fused = fused_kernels(hidden_NH.device)
         for start in range(0, hidden_NH.shape[0], chunk_size):
             end = min(start + chunk_size, hidden_NH.shape[0])
             hidden_CH = hidden_NH[start:end]
-            grad_z_CV = _chunk_grad_logits(
-                _chunk_logits(hidden_CH, weight_VH, temperature),
-                targets_N[start:end],
-                grad_logprobs_N[start:end],
-                grad_entropy_N[start:end],
-            ).div_(temperature)
-            is_low_precision = weight_VH.dtype != grad_z_CV.dtype
-            if is_low_precision:
-                grad_z_CV = grad_z_CV.to(weight_VH.dtype)  # matmuls in the weights' dtype
+            if fused is not None:
+                grad_z_CV = fused[1](
+                    hidden_CH @ weight_VH.t(),
+                    targets_N[start:end],
+                    grad_logprobs_N[start:end],
+                    grad_entropy_N[start:end],
+                    temperature,
+                )
+            else:
+                grad_z_CV = _chunk_grad_logits(
+                    _chunk_logits(hidden_CH, weight_VH, temperature),
+                    targets_N[start:end],
+                    grad_logprobs_N[start:end],
+                    grad_entropy_N[start:end],
+                ).div_(temperature)
+            is_low_precision = weight_VH.dtype != _math_dtype(weight_VH)
+            grad_z_CV = grad_z_CV.to(weight_VH.dtype)  # matmuls in the weights' dtype
             if needs_hidden:
                 grad_hidden_NH[start:end] = grad_z_CV @ weight_VH
             if needs_weight:
@@ -101,6 +116,56 @@ class ChunkedLogprobs(torch.autograd.Function):
         if grad_weight_VH is not None:
             grad_weight_VH = grad_weight_VH.to(weight_VH.dtype)
         return grad_hidden_NH, grad_weight_VH, None, None, None
+
+
+def chunk_stats(
+    logits_CV: torch.Tensor, targets_C: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprob of each target, entropy) of one chunk's raw logits (the matmul's output, in the
+    weights' dtype): the forward's math as one expression, for torch.compile to fuse into a
+    couple of passes over the logits instead of a float32 [C, V] copy per step."""
+    z_CV = logits_CV.to(_math_dtype(logits_CV)) / temperature
+    lse_C = torch.logsumexp(z_CV, dim=-1)
+    logprobs_C = z_CV.gather(1, targets_C[:, None])[:, 0] - lse_C
+    probs_CV = torch.exp(z_CV - lse_C[:, None])
+    return logprobs_C, lse_C - (probs_CV * z_CV).sum(-1)
+
+
+def chunk_grad_logits(
+    logits_CV: torch.Tensor,
+    targets_C: torch.Tensor,
+    grad_logprobs_C: torch.Tensor,
+    grad_entropy_C: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
+    """dL/d(logits) of one chunk, in the logits' dtype: `_chunk_grad_logits` as one expression
+    (the target's one-hot is a comparison, so nothing is scattered)."""
+    z_CV = logits_CV.to(_math_dtype(logits_CV)) / temperature
+    logp_CV = z_CV - torch.logsumexp(z_CV, dim=-1, keepdim=True)
+    probs_CV = torch.exp(logp_CV)
+    entropy_C = -(probs_CV * logp_CV).sum(-1)
+    is_target_CV = torch.arange(z_CV.shape[1], device=z_CV.device)[None, :] == targets_C[:, None]
+    grad_CV = grad_logprobs_C[:, None] * is_target_CV - probs_CV * (
+        grad_entropy_C[:, None] * (logp_CV + entropy_C[:, None]) + grad_logprobs_C[:, None]
+    )
+    return (grad_CV / temperature).to(logits_CV.dtype)
+
+
+_FUSED: dict[str, tuple] = {}
+
+
+def fused_kernels(device: torch.device):
+    """`chunk_stats` and `chunk_grad_logits` compiled (Triton) on CUDA; None elsewhere: on a
+    CPU the in-place eager path uses less memory and compiling would cost each run seconds.
+    Measured on the G1 workload (H100): the eager LM head was 1.65 s of a 3.6 s update."""
+    if device.type != "cuda":
+        return None
+    if "cuda" not in _FUSED:
+        _FUSED["cuda"] = (
+            torch.compile(chunk_stats, dynamic=True),
+            torch.compile(chunk_grad_logits, dynamic=True),
+        )
+    return _FUSED["cuda"]
 
 
 def _math_dtype(weight: torch.Tensor) -> torch.dtype:

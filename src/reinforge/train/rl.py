@@ -27,7 +27,7 @@ from reinforge.run import RunContext, Stopped, Summary
 from reinforge.tasks import task_source_for
 from reinforge.train.advantage_step import assign_advantages, build_step_batch
 from reinforge.train.common import device_memory_metrics, eos_ids, render_prompt
-from reinforge.train.env_rollout import env_rollout, episode_metrics
+from reinforge.train.env_rollout import env_rollout, episode_metrics, tool_use_notes
 from reinforge.train.learner import Learner, build_learner, score_with_models
 from reinforge.train.nonfinite import enforce_non_finite_policy
 from reinforge.train.session import (
@@ -84,6 +84,7 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
             plot_curves(ctx.run_dir)
     finally:
         logger.close()
+    summary.notes += tool_use_notes(ctx.run_dir)
     return summary
 
 
