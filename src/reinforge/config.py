@@ -33,6 +33,7 @@ from reinforge.config_envs import (
     HtmlTaskConfig,
     SearchTaskConfig,
     ToolArithmeticTaskConfig,
+    is_env_task,
 )
 from reinforge.config_resilience import FaultsSection, WatchdogSection
 from reinforge.errors import ConfigError
@@ -496,6 +497,13 @@ class TrainConfig(Section):
                 f"overlong_buffer tokens of the budget; set algorithm.overlong_buffer = "
                 f"{max(budget // 5, 1)} (a fifth of the budget, the paper's proportion) or 0 "
                 "to turn it off"
+            )
+        if a.overlong_buffer and is_env_task(self.task):
+            raise ValueError(
+                f"algorithm.overlong_buffer = {a.overlong_buffer} ({a.origins()['overlong_buffer']}) "
+                "shapes single completions by their length, but task.name = "
+                f"{self.task.name!r} runs multi-turn episodes (rollout.max_new_tokens is each "
+                "turn's budget, task.max_context the episode's); set algorithm.overlong_buffer = 0"
             )
         return self
 

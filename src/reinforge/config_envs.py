@@ -80,6 +80,10 @@ class ToolArithmeticTaskConfig(EnvTaskConfig):
     tool: Literal["calculator", "python"] = "calculator"
     """"calculator" (`calculator(expression)`, evaluated in-process) or "python" (`python(code)`,
     run in the sandbox of `[task.sandbox]`)."""
+    question: Literal["value", "compare"] = "value"
+    """"value": `a = 35, b = 33. What is a*b?`, answered with the number. "compare": `a = 35,
+    b = 33, t = 1400. Is a*b above t?`, answered yes or no, with t drawn near the result (the
+    calculator also compares: "a*b > t" gives true or false)."""
     min_digits: int = Field(2, ge=1, le=12)
     """Fewest digits of an operand."""
     max_digits: int = Field(3, ge=1, le=12)

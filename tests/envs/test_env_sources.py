@@ -51,6 +51,10 @@ def test_each_env_task_builds_with_its_defaults_and_plays_one_step(name):
         (["task.name=game", "task.max_turn=3"], "did you mean 'max_turns'"),
         (["task.name=arithmetic", "task.max_turns=3"], "belongs in [task] with name = "),
         (["task.name=tool_arithmetic", 'task.sandbox={backend="docker"}'], "sandbox.backend"),
+        (
+            ["task.name=game", "algorithm.name=dapo", "algorithm.overlong_buffer=2"],
+            "runs multi-turn episodes",
+        ),
     ],
 )
 def test_config_mistakes_name_the_setting_and_a_fix(overrides, message):

@@ -47,12 +47,20 @@ _INTEGER = re.compile(r"-?\d+")
 
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 _OP_NODES = {"+": ast.Add, "-": ast.Sub, "*": ast.Mult}
+_COMPARISONS = {
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+}
 _SCOPE: ContextVar[Mapping[str, int]] = ContextVar(
     "reinforge_calculator_scope", default=MappingProxyType({})
 )
 
 # The tool itself is described by its schema, which the model's chat template renders.
-INSTRUCTIONS = "Reply with the number alone."
+INSTRUCTIONS = {"value": "Reply with the number alone.", "compare": "Reply yes or no."}
 
 
 @contextmanager
@@ -66,11 +74,11 @@ def values_in_scope(values: Mapping[str, int]) -> Iterator[None]:
 
 
 def calculator(expression: str) -> str | ToolOutput:
-    """Evaluate an integer arithmetic expression.
+    """Evaluate an integer arithmetic expression, or compare two of them (true or false).
 
     Args:
         expression: Integers and the question's named values combined with +, -, * and
-            parentheses, e.g. "a*b" or "(12+3)*45".
+            parentheses, e.g. "a*b" or "(12+3)*45"; or one comparison, e.g. "a*b > t".
     """
     if len(expression) > MAX_EXPRESSION_CHARS:
         return ToolOutput(
@@ -79,9 +87,19 @@ def calculator(expression: str) -> str | ToolOutput:
         )
     try:
         tree = ast.parse(expression.strip(), mode="eval")
+        if isinstance(tree.body, ast.Compare) and len(tree.body.ops) == 1:
+            return _compare(tree.body, _SCOPE.get())
         return str(_evaluate(tree.body, _SCOPE.get()))
     except (SyntaxError, ValueError) as e:
         return ToolOutput(f"Error: {e}", is_error=True)
+
+
+def _compare(node: ast.Compare, scope: Mapping[str, int]) -> str:
+    compare = _COMPARISONS.get(type(node.ops[0]))
+    if compare is None:
+        raise ValueError("compare with <, <=, >, >=, == or !=")
+    is_true = compare(_evaluate(node.left, scope), _evaluate(node.comparators[0], scope))
+    return "true" if is_true else "false"
 
 
 def _evaluate(node: ast.AST, scope: Mapping[str, int]) -> int:
@@ -159,20 +177,22 @@ class ToolArithmeticTasks(ProceduralTasks):
 
         values = {name: operand() for name in NAMES}
         op = rng.choice(c.operations)
+        result = _OPERATORS[_OP_NODES[op]](values["a"], values["b"])
+        expression, question, answer = f"a{op}b", f"What is a{op}b?", str(result)
+        if c.question == "compare":  # a threshold near the result: no rough guess settles it
+            values["t"] = round(result * rng.uniform(0.5, 1.5))
+            expression, question = f"{expression} > t", f"Is a{op}b above t?"
+            answer = "yes" if result > values["t"] else "no"
         shown = ", ".join(f"{name} = {value}" for name, value in values.items())
         return Task(
             id=task_id,
-            messages=(Message("user", f"{shown}. What is a{op}b? {INSTRUCTIONS}"),),
-            answer=str(_OPERATORS[_OP_NODES[op]](values["a"], values["b"])),
-            info={
-                "key": f"{values['a']}{op}{values['b']}",
-                "expression": f"a{op}b",
-                "values": values,
-            },
+            messages=(Message("user", f"{shown}. {question} {INSTRUCTIONS[c.question]}"),),
+            answer=answer,
+            info={"key": shown, "expression": expression, "values": values},
         )
 
     def reward(self, completion: str, task: Task) -> float:
-        given = completion.strip().removesuffix(".")
+        given = completion.strip().removesuffix(".").lower()
         if given == task.answer:
             return 1.0
         if not self.cfg.partial_credit or not _INTEGER.fullmatch(given):
@@ -182,8 +202,9 @@ class ToolArithmeticTasks(ProceduralTasks):
     def demonstration(self, state: EnvState) -> str:
         """The scripted reference policy's next assistant message in this episode."""
         task = state.task
-        if state.messages[-1].role == "tool":  # answer with what the tool printed
-            return state.messages[-1].content.strip()
+        if state.messages[-1].role == "tool":  # answer with what the tool said
+            said = state.messages[-1].content.strip()
+            return {"true": "yes", "false": "no"}.get(said, said)
         calls_tool = random.Random(f"{task.id}/demo").random() < self.cfg.demo_tool_fraction
         if calls_tool:
             return tool_call_text(self.cfg.tool, task.info["expression"])

@@ -89,6 +89,8 @@ def play(
     samples_per_task: int,
     params: SamplingParams,
 ) -> list[Group]:
+    """`samples_per_task` episodes of each task as scored trajectories, one group per task
+    (`params.max_new_tokens` is each turn's budget)."""
     limits = episode_limits(env_tasks, params.max_new_tokens, engine)
     tools = tools_to_render(env_tasks)
     episode_groups = run_episodes(
