@@ -192,8 +192,9 @@ class GameTaskConfig(EnvTaskConfig):
     board as rows of characters and the legal moves, in a few dozen tokens per turn (small models
     with short contexts)."""
     demo_best_move_fraction: float = Field(0.5, ge=0.0, le=1.0)
-    """SFT reference games: the share of moves taken from the best ones (full minimax search for
-    tic-tac-toe, 4 plies elsewhere); the others are random legal moves."""
+    """SFT reference games: the share of moves a depth-limited minimax player picks (2 plies in
+    tic-tac-toe, 4 elsewhere, unfinished boards scored by their open lines); the others are
+    random legal moves."""
     num_eval: int = Field(64, ge=1, le=100_000)
     """Held-out games, split evenly over the cases (a multiple of len(cases))."""
     seed: int = Field(1234, ge=0)

@@ -317,10 +317,10 @@ def test_compact_prompts_draw_one_character_per_cell():
     env = GameEnv(prompt_style="compact")
     state = env.reset(tasks.train_task(0))
     assert state.messages[0].content == (
-        "tic-tac-toe, you play X.\n123\n456\n789\nMoves: 1 2 3 4 5 6 7 8 9"
+        "tic-tac-toe, you play X.\nMoves: 1 2 3 4 5 6 7 8 9\n123\n456\n789"
     )
     reply = env.step(state, Message("assistant", "5")).messages[0].content
-    assert reply.count("\n") == 3 and "X" in reply.splitlines()[1] and "O" in reply
+    assert reply.count("\n") == 3 and "X" in reply.splitlines()[2] and "O" in reply
     assert not reply.startswith("Your opponent")  # the board shows the opponent's move
 
 

@@ -15,6 +15,7 @@ import torch
 from reinforge.config import TrainConfig, load_config
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.simple import SimpleEngine
+from reinforge.errors import ConfigError
 from reinforge.eval import evaluate, logged_metrics
 from reinforge.models.tiny import builtin_path
 from reinforge.tasks import build_task_source
@@ -24,6 +25,7 @@ from reinforge.train.demos import demonstration, demonstration_examples
 from reinforge.train.env_rollout import episode_metrics, play, tool_use_notes
 from reinforge.train.episodes import render
 from reinforge.train.forward import completion_rows
+from reinforge.train.memory import probe_lengths
 from reinforge.types import Completion, Group, Task, Trajectory
 
 GAME = [
@@ -161,3 +163,25 @@ def test_a_run_whose_tools_were_never_called_says_so(tmp_path):
     rows[1]["tool_call_rate"] = 0.25
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     assert tool_use_notes(tmp_path) == []
+
+
+TOOL_SFT = ["task.name=tool_arithmetic", "task.demo_tool_fraction=1.0", "sft.steps=1"]
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ([*TOOL_SFT, "rollout.max_new_tokens=40"], "set rollout.max_new_tokens >= 8"),
+        ([*TOOL_SFT, "task.max_context=150"], "raise task.max_context"),
+        ([*TOOL_SFT, "task.max_context=40"], "leaves no room in the episode context"),
+        ([*TOOL_SFT, "task.max_context=4096"], "set task.max_context <= 256"),
+        (
+            ["model.path=builtin:tiny", "task.name=html", "sft.steps=1"],
+            "has no reference demonstrations for an SFT stage; set sft.steps = 0",
+        ),
+    ],
+)
+def test_budgets_that_cannot_hold_the_episodes_are_refused_before_training(tok, overrides, message):
+    cfg = load_config(TrainConfig, None, ["model.path=builtin:micro", *overrides])
+    with pytest.raises(ConfigError, match=message):
+        probe_lengths(cfg, tok)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -77,7 +78,7 @@ class DecodeGraphs:
         vocab = runner.model.lm_head.weight.shape[0]
         self.logits = torch.empty((self.max_batch_size, vocab), dtype=runner.dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.pool = None
+        self.pool: Any = None  # the graphs' shared memory pool (an opaque handle)
         self.capture_key = self._capture_key()
         self.capture_seconds = 0.0
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -32,6 +33,9 @@ from reinforge.engine.qwen_forward import TORCH_OPS, ForwardOps, ModelShape, for
 from reinforge.engine.sampling import sample
 from reinforge.engine.scheduler import Batch
 from reinforge.engine.sequence import Sequence, num_blocks_for
+
+if TYPE_CHECKING:
+    from reinforge.engine.cuda_graphs import DecodeGraphs
 
 # With no budget given off CUDA, the pool grows to what each generate needs to run all its
 # sequences at once (no preemption), up to this many bytes.
@@ -147,7 +151,7 @@ class ModelRunner:
         if use_cuda_graphs is None:
             use_cuda_graphs = self.is_fast_path
         self.use_cuda_graphs = use_cuda_graphs
-        self.graphs = None
+        self.graphs: DecodeGraphs | None = None
         self._graph_logits = False  # the last decode's logits came from a graph replay
         self._host_results: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._num_fetches = 0
@@ -275,6 +279,7 @@ class ModelRunner:
 
             n = logits_GV.shape[0]
             if self._graph_logits:
+                assert self.graphs is not None
                 seeds = self.graphs.row(cuda_graphs.SEEDS, n)
                 positions = self.graphs.row(cuda_graphs.OUTPUT_POSITIONS, n)
             else:

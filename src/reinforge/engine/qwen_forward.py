@@ -197,6 +197,7 @@ def forward(
         )
         x, hidden = ops.add_rms_norm(hidden, delta, layer.post_attention_layernorm.weight, eps)
         delta = mlp_block(layer.mlp, x, ops)
+    assert delta is not None, "a model with no decoder layer"
     if logits_indices_B is not None:
         hidden, delta = hidden[logits_indices_B], delta[logits_indices_B]
     last, _ = ops.add_rms_norm(hidden, delta, inner.norm.weight, eps)

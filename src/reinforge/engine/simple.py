@@ -65,9 +65,9 @@ class SimpleEngine:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         input_ids = torch.full((B, width), pad, dtype=torch.long)
         mask = torch.zeros((B, width), dtype=torch.long)
-        for row, ids in enumerate(batch):  # left padding: every row's next token is at the end
-            input_ids[row, width - len(ids) :] = torch.tensor(ids)
-            mask[row, width - len(ids) :] = 1
+        for row, prompt in enumerate(batch):  # left padding: every row's next token at the end
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
         input_ids, mask = input_ids.to(device), mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         stop_ids = set(params.stop_token_ids)

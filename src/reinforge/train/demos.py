@@ -95,11 +95,11 @@ def episode_lengths(cfg, tokenizer, env_tasks: EnvTasks, context: int):
             f"episode context ({max_context}); raise task.max_context (up to the model's "
             f"context, {context})"
         )
-    longest_demo = 0
+    longest_demo = longest_turn = 0
     if cfg.sft.steps > 0:
         require_demonstrations(env_tasks)
         for i in range(NUM_DEMOS_PROBED):
-            prompt, ids, _ = demonstration(tokenizer, env_tasks, env_tasks.train_task(i))
+            prompt, ids, mask = demonstration(tokenizer, env_tasks, env_tasks.train_task(i))
             if len(prompt) + len(ids) > max_context:
                 raise ConfigError(
                     f"the reference episode of training task {i} runs to {len(prompt) + len(ids)} "
@@ -107,4 +107,34 @@ def episode_lengths(cfg, tokenizer, env_tasks: EnvTasks, context: int):
                     "(up to the model's context) or shorten the episodes (task.max_turns)"
                 )
             longest_demo = max(longest_demo, len(ids))
+            longest_turn = max(longest_turn, *turn_lengths(mask))
+    check_turn_budgets(cfg, longest_turn)
     return Lengths(longest_prompt, longest_demo, len(probe))
+
+
+def turn_lengths(mask: list[int]) -> list[int]:
+    """Lengths of the assistant turns (runs of 1) in an episode's loss mask."""
+    lengths, run = [], 0
+    for m in [*mask, 0]:
+        if m:
+            run += 1
+        elif run:
+            lengths.append(run)
+            run = 0
+    return lengths or [0]
+
+
+def check_turn_budgets(cfg, longest_turn: int) -> None:
+    """A model taught turns longer than its per-turn budget would be cut off mid-call every
+    time: refuse that, naming the budget to raise."""
+    rollout = getattr(cfg, "rollout", None)
+    budgets = [("eval.max_new_tokens", cfg.eval.max_new_tokens)]
+    if rollout is not None:
+        budgets.append(("rollout.max_new_tokens", rollout.max_new_tokens))
+    for setting, budget in budgets:
+        if budget is not None and budget < longest_turn:
+            raise ConfigError(
+                f"{setting} = {budget} cannot hold the longest assistant turn of the SFT "
+                f"reference episodes ({longest_turn} tokens with its end-of-turn id): every such "
+                f"turn would be cut off; set {setting} >= {longest_turn}"
+            )

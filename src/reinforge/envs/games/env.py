@@ -2,9 +2,10 @@
 
 Each user message shows the board as text and the legal moves; the model answers with a move;
 `step` plays it, lets the opponent reply, and shows the new board, until the game ends. The
-`prompt_style` "full" also states the rules and the answer format; "compact" draws the board
-with one character per cell and nothing else, so a whole tic-tac-toe game fits in a few hundred
-tokens (small models, short contexts).
+`prompt_style` "full" also states the rules and the answer format; "compact" lists the legal
+moves and then draws the board with one character per cell, so a whole tic-tac-toe game fits in
+a few hundred tokens (small models, short contexts) and each cell sits at a fixed distance from
+the model's reply.
 
 The move format: the text inside the last `<move>...</move>` tag of the message (reasoning may
 come before it), e.g. `<move>5</move>`; a message with no tag counts as a bare move when it is
@@ -78,8 +79,8 @@ def _normalize_label(label: str) -> str:
 def board_prompt(game: Game, position: Position, player: int, style: str = "full") -> str:
     """The board as `player` sees it, the legal moves, and (in the full style) how to answer."""
     labels = [game.move_label(position, move) for move in game.legal_moves(position)]
-    if style == "compact":
-        return f"{game.render(position, player, compact=True)}\nMoves: {' '.join(labels)}"
+    if style == "compact":  # the board last: each cell then sits a fixed distance from the reply
+        return f"Moves: {' '.join(labels)}\n{game.render(position, player, compact=True)}"
     return (
         f"Board:\n{game.render(position, player)}\n\n"
         f"Legal moves: {', '.join(labels)}\n"
