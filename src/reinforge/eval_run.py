@@ -47,6 +47,8 @@ def run_eval_command(args) -> int:
     cfg = load_config(EvalConfig, args.config, args.overrides, base)
     result, budget, source_name = score(args, cfg)
     print(result.table, end="")
+    if result.episode_metrics:
+        print(", ".join(f"{k} {v:.3g}" for k, v in sorted(result.episode_metrics.items())))
     out = Path(args.output) if args.output else default_output(ref, source_name)
     write_results(out, args.model, ref, cfg, budget, result)
     print(f"results: {out}")
@@ -159,6 +161,7 @@ def write_results(out: Path, model: str, ref, cfg, budget: int, result) -> None:
         "num_tasks": result.num_tasks,
         "samples_per_task": result.samples_per_task,
         "metrics": result.metrics,
+        "episode_metrics": result.episode_metrics,  # env tasks: tool-call rate, win rate, ...
         "samples": result.samples,
     }
     out.write_text(json.dumps(doc, indent=2) + "\n")

@@ -60,3 +60,14 @@ def test_kv_cache_bytes_and_engine_settings_are_obeyed():
     assert engine.num_blocks == budget // kv_bytes_per_block(model, 16)
     simple = load_config(TrainConfig, None, [*RUN, "rollout.engine=simple"])
     assert isinstance(policy_engine(simple, model, tokenizer, budget), SimpleEngine)
+
+
+def test_a_lora_policy_generates_through_the_paged_forward():
+    from reinforge.train.policy_model import attach_adapter
+
+    cfg = load_config(TrainConfig, None, [*RUN, "model.lora.rank=4"])
+    model, tokenizer = micro(cfg)
+    peft_model = attach_adapter(cfg, model)
+    engine = policy_engine(cfg, peft_model, tokenizer, None)
+    assert isinstance(engine, PagedEngine) and engine.fallback is None
+    assert engine.runner.model is peft_model.get_base_model()  # its LoRA layers, in place
