@@ -101,7 +101,7 @@ def run_example(config: str, tmp_path) -> tuple[dict, dict, float]:
     return evals[0], evals[-1], wall
 
 
-@pytest.mark.slow
+@pytest.mark.example
 def test_tool_example_raises_tool_calls_and_reward(tmp_path):
     before, after, wall = run_example("configs/tool_calc.toml", tmp_path)
     keys = ("eval_tool_call_rate", "eval_reward", "eval_accuracy")
@@ -113,7 +113,7 @@ def test_tool_example_raises_tool_calls_and_reward(tmp_path):
     assert after["eval_reward"] >= before["eval_reward"] + 0.1
 
 
-@pytest.mark.slow
+@pytest.mark.example
 def test_tictactoe_example_raises_win_rate_and_reward(tmp_path):
     before, after, wall = run_example("configs/tictactoe.toml", tmp_path)
     keys = ("eval_win_rate", "eval_forfeit_rate", "eval_reward")

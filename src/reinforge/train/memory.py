@@ -132,9 +132,7 @@ def choose_memory(
             f"train.micro_batch_tokens = {tokens} is shorter than the longest SFT sequence "
             f"({work.max_seq_len} tokens); use train.micro_batch_tokens >= {work.max_seq_len}"
         )
-    return MemoryChoice(
-        tokens, plan.gradient_checkpointing, plan, budget_note, plan.kv_cache_bytes
-    )
+    return MemoryChoice(tokens, plan.gradient_checkpointing, plan, budget_note, plan.kv_cache_bytes)
 
 
 def _capped(cfg, tokens: int, device, work: Workload) -> int:
