@@ -14,6 +14,9 @@ The contract:
   resumed run writes again (`clean_incomplete`).
 - `keep_last` step folders stay on disk; `latest` is never pruned.
 - A state with a non-finite parameter is never written (`NonFiniteState`).
+- In a distributed run (torchrun) the optimizer state and trainable weights are saved through
+  torch.distributed.checkpoint as well, and resume on any number of processes
+  (`checkpoint_sharded`); saves are then synchronous.
 - `asynchronous=True` copies every tensor to host memory first (the only part training waits
   for), then writes in a background thread: the copy is the checkpoint's own, so training cannot
   overwrite what is being saved. One save is in flight at a time; the next save, and
@@ -34,6 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from reinforge.distributed import any_rank, is_distributed, local_tensor, rank
 from reinforge.errors import RunFailure
 from reinforge.faults import maybe_fail
 
@@ -91,6 +95,11 @@ def save_checkpoint(
     root = checkpoints_dir(run_dir)
     assert _read_latest(root) != name, f"checkpoint {name} is `latest`; it is never rewritten"
     check_finite(model, name)
+    if is_distributed():  # every rank writes its shards (collective; never asynchronous)
+        from reinforge.checkpoint_sharded import save_sharded
+
+        parts = (model, tokenizer, optimizer, scheduler, extra_state, rng or rng_state())
+        return save_sharded(root, name, *parts, asdict(state), keep_last)
     optimizer_blob = (
         {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
         if optimizer is not None
@@ -117,12 +126,15 @@ def wait_for_saves() -> None:
 
 
 def check_finite(model, name: str) -> None:
-    params = [p.detach() for p in model.parameters()]
-    if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
-        bad = next(n for n, p in model.named_parameters() if not torch.isfinite(p).all())
+    """Refuse to save a NaN or infinity (each rank checks its own shards; all ranks agree)."""
+    params = [local_tensor(p.detach()) for p in model.parameters()]
+    is_finite = not params or bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
+    if any_rank(not is_finite):
+        named = model.named_parameters()
+        bad = next((n for n, p in named if not torch.isfinite(local_tensor(p)).all()), None)
         raise NonFiniteState(
-            f"not saving checkpoint {name}: parameter {bad} holds NaN or infinity; the last "
-            "checkpoint on disk is the last good state"
+            f"not saving checkpoint {name}: parameter {bad or '(on another rank)'} holds NaN or "
+            "infinity; the last checkpoint on disk is the last good state"
         )
 
 
@@ -143,6 +155,13 @@ def _write(root: Path, name: str, snap: _Snapshot, keep_last: int | None) -> Pat
         torch.save(snap.extra_state, tmp / EXTRA_STATE_FILE)
     torch.save(snap.rng, tmp / "rng.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(snap.state, indent=2))
+    return publish(root, name, keep_last)
+
+
+def publish(root: Path, name: str, keep_last: int | None) -> Path:
+    """Make the complete temporary folder of checkpoint `name` durable, rename it into place,
+    then move `latest` to it, and prune."""
+    tmp = root / f"{TMP_PREFIX}{name}"
     _fsync_dir(tmp)
     maybe_fail("checkpoint")  # drills: a crash with every file written, before the rename
     final = root / name
@@ -189,9 +208,22 @@ def load_trainer_state(ckpt: Path) -> TrainerState:
     return TrainerState(**json.loads((ckpt / "trainer_state.json").read_text()))
 
 
-def load_optimizer(ckpt: Path, optimizer, scheduler) -> None:
+def load_optimizer(ckpt: Path, optimizer, scheduler, model=None) -> None:
+    """The optimizer and schedule saved in `ckpt`. A checkpoint of a distributed run, or any
+    checkpoint resumed by one, goes through `checkpoint_sharded` (which needs `model`: DCP
+    names optimizer states by their parameters' names)."""
+    from reinforge.checkpoint_sharded import is_sharded, load_full_optimizer, load_sharded
+
+    if is_sharded(ckpt):
+        assert model is not None, "a sharded checkpoint loads through the model's names"
+        load_sharded(ckpt, model, optimizer, scheduler)
+        return
     blob = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=False)
-    optimizer.load_state_dict(blob["optimizer"])
+    if is_distributed():
+        assert model is not None, "sharding a saved optimizer state needs the model's names"
+        load_full_optimizer(blob["optimizer"], model, optimizer)
+    else:
+        optimizer.load_state_dict(blob["optimizer"])
     scheduler.load_state_dict(blob["scheduler"])
 
 
@@ -212,8 +244,17 @@ def rng_state() -> dict:
     return state
 
 
+def rng_file(ckpt: Path, rank: int) -> Path:
+    """Rank 0's RNG states (the only ones of a single-process run) are `rng.pt`."""
+    return ckpt / ("rng.pt" if rank == 0 else f"rng_rank{rank}.pt")
+
+
 def restore_rng(ckpt: Path) -> None:
-    state = torch.load(ckpt / "rng.pt", map_location="cpu", weights_only=False)
+    """This rank's RNG states; a rank the saving run did not have takes rank 0's."""
+    path = rng_file(ckpt, rank())
+    state = torch.load(
+        path if path.exists() else rng_file(ckpt, 0), map_location="cpu", weights_only=False
+    )
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])

@@ -149,19 +149,25 @@ def run_command(args) -> int:
         resume_dir = Path(args.resume)
         cfg.run.output_dir, cfg.run.name = str(resume_dir.parent), resume_dir.name
 
+    from reinforge import distributed
     from reinforge.preflight import run_preflight
 
-    pf = run_preflight(cfg)
-    if args.dry_run:
-        print(annotated_toml(cfg))
-        print_preflight(pf, cfg)
+    distributed.init_from_env(cfg.run.device)  # under torchrun; one process: nothing
+    try:
+        pf = run_preflight(cfg)
+        if args.dry_run:
+            print(annotated_toml(cfg))
+            print_preflight(pf, cfg)
+            pf.raise_if_failed()
+            print("dry run: config and budgets OK; nothing was trained")
+            return ExitCode.OK
         pf.raise_if_failed()
-        print("dry run: config and budgets OK; nothing was trained")
-        return ExitCode.OK
-    pf.raise_if_failed()
-    for warning in pf.warnings:
-        print(f"warning: {warning}", file=sys.stderr)
-    return execute(args, cfg)
+        if distributed.is_main():
+            for warning in pf.warnings:
+                print(f"warning: {warning}", file=sys.stderr)
+        return execute(args, cfg)
+    finally:
+        distributed.shutdown()
 
 
 def execute(args, cfg) -> int:
@@ -183,6 +189,7 @@ def execute(args, cfg) -> int:
 def finish(args, cfg, ctx) -> int:
     """Run the command; every way it ends becomes a summary, a file in the run directory for
     `reinforge report`, and an exit code."""
+    from reinforge.distributed import is_main
     from reinforge.report import run_counters
     from reinforge.run import Stopped
 
@@ -204,7 +211,7 @@ def finish(args, cfg, ctx) -> int:
         )
         return ExitCode.STOPPED_AFTER_SAVE
     except RunFailure as e:
-        (ctx.run_dir / "error.txt").write_text(f"{type(e).__name__}: {e}\n")
+        error_file(ctx).write_text(f"{type(e).__name__}: {e}\n")
         raise
     except ConfigError:
         raise
@@ -217,7 +224,7 @@ def finish(args, cfg, ctx) -> int:
         Exception
     ) as e:  # the one place a run's unexpected failure becomes a summary and an exit code
         traceback.print_exc()
-        (ctx.run_dir / "error.txt").write_text(traceback.format_exc())
+        error_file(ctx).write_text(traceback.format_exc())
         print(
             f"\nrun failed after {ctx.elapsed():.0f}s: {type(e).__name__}: {e}\n"
             f"run directory: {ctx.run_dir} (traceback in error.txt)",
@@ -226,6 +233,8 @@ def finish(args, cfg, ctx) -> int:
         return ExitCode.RUNTIME_FAILURE
     summary.wall_s = ctx.elapsed()
     summary.counters = run_counters(ctx.run_dir)
+    if not is_main():  # rank 0 speaks for the run
+        return ExitCode.OK if summary.steps_trained else ExitCode.NOTHING_TRAINED
     print_summary(summary)
     if summary.steps_trained == 0:
         print(
@@ -235,6 +244,13 @@ def finish(args, cfg, ctx) -> int:
         )
         return ExitCode.NOTHING_TRAINED
     return ExitCode.OK
+
+
+def error_file(ctx) -> Path:
+    """Where a failure's traceback goes: error.txt, error.rank{r}.txt for other ranks."""
+    from reinforge.distributed import rank
+
+    return ctx.run_dir / ("error.txt" if rank() == 0 else f"error.rank{rank()}.txt")
 
 
 def annotated_toml(cfg) -> str:

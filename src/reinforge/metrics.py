@@ -92,6 +92,19 @@ class MetricsLogger:
             self._wandb.finish()
 
 
+class NullLogger:
+    """The logger of ranks other than 0 in a distributed run: rank 0 writes the run's files."""
+
+    def log(self, step: int, metrics: dict[str, float], phase: str = "rl") -> None:
+        pass
+
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
 def truncate_after(path: Path, key: tuple[int, int]) -> None:
     """On resume, drop lines a stopped run wrote after its last checkpoint (`key` = (phase rank,
     step)): the resumed run writes those steps again, so the file reads as if it never stopped."""

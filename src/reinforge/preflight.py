@@ -72,6 +72,7 @@ def run_preflight(cfg) -> Preflight:
         pf.rows.append(("sft", f"{cfg.sft.steps} steps x {cfg.sft.batch_size} examples"))
     if hasattr(cfg, "rollout"):
         _check_rl_batch(cfg, pf)
+    _check_distributed(cfg, pf)
     _check_held_out(cfg, tokenizer, pf)
     if not pf.errors:  # the plan needs sequences that fit the context
         _check_memory(cfg, tokenizer, lengths, pf)
@@ -161,4 +162,63 @@ def _check_rl_batch(cfg, pf: Preflight) -> None:
         pf.errors.append(
             f"rollout.samples_per_prompt = {r.samples_per_prompt}: group-relative advantages need at least 2 samples "
             "per prompt (every advantage would be 0); set rollout.samples_per_prompt = 8"
+        )
+
+
+def _check_distributed(cfg, pf: Preflight) -> None:
+    """The global batch under torchrun: every process generates for an equal share of a step's
+    prompts (a prompt's samples stay on one process) and of an SFT batch."""
+    from reinforge.distributed import env_local_world_size, env_world_size
+
+    world = env_world_size()
+    if world <= 1:
+        return
+    pf.rows.append(
+        (
+            "processes",
+            f"{world} (torchrun; {env_local_world_size()} per node): FSDP2 shards weights, "
+            "gradients and optimizer states; each process generates for its share of the prompts",
+        )
+    )
+    is_rl = hasattr(cfg, "rollout")
+    batches = [("rollout.prompts_per_step", cfg.rollout.prompts_per_step)] if is_rl else []
+    if not is_rl or cfg.sft.steps > 0:
+        batches.append(("sft.batch_size", cfg.sft.batch_size))
+    for setting, count in batches:
+        if count % world:
+            up, down = -(-count // world) * world, count // world * world
+            pf.errors.append(
+                f"{setting} = {count} does not divide among {world} processes (WORLD_SIZE): each "
+                f"takes an equal share; set {setting} = {up}"
+                + (f" (or {down})" if down else "")
+                + f", or start a number of processes that divides {count}"
+            )
+    if is_rl and cfg.rollout.prompts_per_step % world == 0:
+        r = cfg.rollout
+        per = r.prompts_per_step // world
+        pf.rows.append(
+            (
+                "per process",
+                f"{per} prompts x {r.samples_per_prompt} samples = "
+                f"{per * r.samples_per_prompt} sequences a step (micro-batches: below)",
+            )
+        )
+    unsupported = []
+    if is_rl and cfg.algorithm.dynamic_sampling:
+        unsupported.append(
+            ("algorithm.dynamic_sampling = true", "algorithm.dynamic_sampling = false")
+        )
+    if is_rl and cfg.algorithm.uses_value_model:
+        unsupported.append(("algorithm.advantage = 'gae' (a value head)", "another advantage"))
+    if (not is_rl or cfg.sft.steps > 0) and cfg.model.lora.rank:
+        unsupported.append(("SFT with LoRA (the adapter merge at its end)", "model.lora.rank = 0"))
+    for what, instead in unsupported:
+        pf.errors.append(
+            f"{what} is not supported with several processes yet; use {instead}, or run on one "
+            "process"
+        )
+    if cfg.checkpoint.async_save:
+        pf.warnings.append(
+            "checkpoint.async_save = true: with several processes checkpoints are written "
+            "synchronously (a sharded save is collective)"
         )

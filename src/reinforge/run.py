@@ -44,7 +44,12 @@ class Summary:
 
 
 class RunContext:
+    """In a distributed run every rank checks the run directory, rank 0 alone changes it, and
+    the others wait until it has."""
+
     def __init__(self, run_dir: Path, resume: bool, overwrite: bool, config_toml: str):
+        from reinforge.distributed import barrier, is_main
+
         self.run_dir = run_dir
         self.resume = resume
         self.started = time.perf_counter()
@@ -55,17 +60,25 @@ class RunContext:
                     f"--resume {run_dir}: no checkpoint found there (expected {run_dir}/checkpoints/latest); "
                     "start a new run without --resume"
                 )
+        elif run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
+            raise ConfigError(
+                f"run directory {run_dir} already holds a run; continue it with --resume {run_dir}, "
+                f"choose another run.name, or set run.overwrite=true to replace it"
+            )
+        barrier()  # every rank has looked before rank 0 changes anything
+        if is_main():
+            self._prepare(config_toml)
+        barrier()
+
+    def _prepare(self, config_toml: str) -> None:
+        run_dir = self.run_dir
+        if self.resume:
             from reinforge.checkpoint import clean_incomplete
 
             removed = clean_incomplete(run_dir)
             if removed:
                 print(f"resume: removed what a crash left unfinished: {', '.join(removed)}")
         elif run_dir.exists() and any(run_dir.iterdir()):
-            if not overwrite:
-                raise ConfigError(
-                    f"run directory {run_dir} already holds a run; continue it with --resume {run_dir}, "
-                    f"choose another run.name, or set run.overwrite=true to replace it"
-                )
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(config_toml)
@@ -98,11 +111,13 @@ def guarded(cfg, ctx: RunContext) -> Iterator[None]:
     """The run's hang watchdog and fault plan (a drill, when `[faults]` sets a rate), for the
     block's duration."""
     from reinforge import faults, watchdog
+    from reinforge.distributed import is_distributed
 
     w, f = cfg.watchdog, cfg.faults
     faults.install(faults.FaultPlan(f.rates(), tuple(f.kinds), f.hang_s, f.seed))
+    save_on_hang = w.save_on_hang and not is_distributed()  # a sharded save is collective
     try:
-        with watchdog.armed(w.timeout_s, w.startup_timeout_s, ctx.run_dir, w.save_on_hang):
+        with watchdog.armed(w.timeout_s, w.startup_timeout_s, ctx.run_dir, save_on_hang):
             yield
     finally:
         faults.install(None)

@@ -24,9 +24,14 @@ class SamplingParams:
     stop_strings: tuple[str, ...] = ()
     seed: int = 0
     ignore_eos: bool = False  # benchmarks force full-length completions
+    # Prompt i of this call samples as prompt first_prompt_index + i of a batch split across
+    # calls (the ranks of a distributed run): the paged engine keys each sequence's noise by
+    # (seed, prompt index, sample index), so the split changes no sample.
+    first_prompt_index: int = 0
 
     def __post_init__(self) -> None:
         assert self.max_new_tokens >= 1 and self.n >= 1 and self.temperature >= 0
+        assert self.first_prompt_index >= 0
 
 
 @dataclass

@@ -30,7 +30,7 @@ from reinforge.engine.cuda_graphs import (
 )
 from reinforge.engine.lora_forward import causal_lm, prepare_adapters
 from reinforge.engine.qwen_forward import TORCH_OPS, ForwardOps, ModelShape, forward, rope_table
-from reinforge.engine.sampling import sample
+from reinforge.engine.sampling import row_key, sample_keyed
 from reinforge.engine.scheduler import Batch
 from reinforge.engine.sequence import Sequence, num_blocks_for
 
@@ -220,12 +220,11 @@ class ModelRunner:
         self,
         batch: Batch,
         params: SamplingParams,
-        generator: torch.Generator,
         prev_ids: torch.Tensor | None = None,
     ) -> LaunchedStep:
         """Queue the step and its sampling on the device; returns before they run."""
         logits = self.run(batch, prev_ids)
-        ids, logprobs = self.sample(batch, logits, params, generator)
+        ids, logprobs = self.sample(batch, logits, params)
         return LaunchedStep(batch, ids, *self._fetch(ids, logprobs))
 
     @torch.inference_mode()
@@ -266,10 +265,10 @@ class ModelRunner:
         batch: Batch,
         logits_GV: torch.Tensor,
         params: SamplingParams,
-        generator: torch.Generator,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(ids, logprobs) on the device: one token per sequence of the batch; every member of
-        a group samples from its leader's logits."""
+        a group samples from its leader's logits. The noise of each draw is keyed by the
+        sequence's `sample_seed` and position, never by the batch it runs in."""
         sizes = [len(group) for group in batch.groups]
         if any(size > 1 for size in sizes):
             repeats = torch.tensor(sizes, device=logits_GV.device)
@@ -288,8 +287,14 @@ class ModelRunner:
                 positions = self._to_device([seq.num_output_tokens for seq in seqs])
             ids, lps = triton_ops.sample_gumbel(logits_GV, params.temperature, seeds, positions)
         else:
-            ids, lps = sample(
-                logits_GV, params.temperature, params.top_p, params.top_k, params.min_p, generator
+            keys = [row_key(seq.sample_seed, seq.num_output_tokens) for seq in batch.seqs]
+            ids, lps = sample_keyed(
+                logits_GV,
+                params.temperature,
+                params.top_p,
+                params.top_k,
+                params.min_p,
+                self._to_device(keys),
             )
         return ids, lps
 

@@ -110,16 +110,15 @@ class PagedEngine:
             self.runner.ensure_max_len(max(map(len, prompts)) + params.max_new_tokens)
         self.runner.begin_generate()
         capture_before = self.runner.graph_capture_seconds
-        generator = torch.Generator(device=self.runner.device).manual_seed(params.seed)
         finish_reason = self._finish_rule(params)
         timers = StepTimers()
         inflight: LaunchedStep | None = None
         while True:
-            ahead = self._launch_ahead(scheduler, inflight, params, generator, timers)
+            ahead = self._launch_ahead(scheduler, inflight, params, timers)
             if inflight is not None:
                 self._commit(scheduler, inflight, finish_reason, timers)
                 beat()  # a decode step is progress for the hang watchdog
-            inflight = ahead or self._launch_next(scheduler, params, generator, timers)
+            inflight = ahead or self._launch_next(scheduler, params, timers)
             if inflight is None:
                 break
         timers.capture = self.runner.graph_capture_seconds - capture_before
@@ -134,7 +133,7 @@ class PagedEngine:
         limit = CPU_KV_GROWTH_LIMIT_BYTES // kv_bytes_per_block(self.model, bs)
         self.runner.grow_pool(min(want, limit))
 
-    def _launch_ahead(self, scheduler, inflight, params, generator, timers) -> LaunchedStep | None:
+    def _launch_ahead(self, scheduler, inflight, params, timers) -> LaunchedStep | None:
         """Queue decode N+1 before step N (in flight) is read back, when nothing N's tokens
         could reveal would change it: its input tokens are N's samples, still on the device, so
         the host's bookkeeping overlaps the GPU."""
@@ -145,18 +144,18 @@ class PagedEngine:
         if batch is None:
             return None
         prev_ids = self._input_ids_from(inflight, batch)
-        ahead = self.runner.launch(batch, params, generator, prev_ids=prev_ids)
+        ahead = self.runner.launch(batch, params, prev_ids=prev_ids)
         scheduler.launched(batch)
         timers.add(False, "launch", time.perf_counter() - start)
         return ahead
 
-    def _launch_next(self, scheduler, params, generator, timers) -> LaunchedStep | None:
+    def _launch_next(self, scheduler, params, timers) -> LaunchedStep | None:
         """Schedule and queue the next step with every earlier one committed; None when done."""
         if scheduler.is_finished():
             return None
         start = time.perf_counter()
         batch = scheduler.schedule()
-        step = self.runner.launch(batch, params, generator)
+        step = self.runner.launch(batch, params)
         scheduler.launched(batch)
         timers.add(batch.is_prefill, "launch", time.perf_counter() - start)
         return step
@@ -188,7 +187,7 @@ class PagedEngine:
                 params,
                 group_id=index,
                 sample_index=k,
-                sample_seed=sample_seed(params.seed, index, k),
+                sample_seed=sample_seed(params.seed, params.first_prompt_index + index, k),
             )
             for k in range(params.n)
         ]

@@ -30,6 +30,7 @@ from reinforge.algorithms.kl import kl_penalized_rewards, kl_penalized_token_rew
 from reinforge.algorithms.losses import PolicyLossSettings
 from reinforge.algorithms.presets import ADVANTAGES, POLICY_LOSSES
 from reinforge.config import AlgorithmSection
+from reinforge.distributed import gather_rows, rank, sum_over_ranks, world_size
 from reinforge.types import Group, Trajectory
 
 STD_EPS = 1e-6
@@ -48,6 +49,8 @@ class StepBatch:
     old_values_BT: torch.Tensor | None = None  # the value head's, before the update (GAE)
     advantages: torch.Tensor | None = None  # [B], or [B, T] for token-level estimators
     returns_BT: torch.Tensor | None = None  # value targets (GAE)
+    num_tokens: float = 0.0  # loss tokens of the whole step, over every rank
+    num_seqs: float = 0.0  # sequences with at least one loss token, over every rank
 
     @property
     def prompts(self) -> list[list[int]]:
@@ -56,15 +59,6 @@ class StepBatch:
     @property
     def completions(self) -> list[list[int]]:
         return [t.completion.token_ids for t in self.trajs]
-
-    @property
-    def num_tokens(self) -> float:
-        return float(self.mask_BT.sum())
-
-    @property
-    def num_seqs(self) -> float:
-        """Sequences with at least one token in the loss."""
-        return float((self.mask_BT.sum(-1) > 0).sum())
 
     def rewards_GN(self) -> torch.Tensor:
         rewards_B = torch.tensor([t.reward for t in self.trajs], dtype=torch.float32)
@@ -79,7 +73,11 @@ def build_step_batch(groups: list[Group], a: AlgorithmSection, device) -> StepBa
     mask_BT = to_rows([loss_mask(t) for t in trajs], device)
     if a.mask_truncated:
         mask_BT = mask_truncated(mask_BT, [t.completion.finish_reason for t in trajs])
-    return StepBatch(trajs, group_size, mask_BT, sampler_BT)
+    batch = StepBatch(trajs, group_size, mask_BT, sampler_BT)
+    # The losses divide by the step's counts; in a distributed run, the global step's.
+    batch.num_tokens = sum_over_ranks(float(mask_BT.sum()))
+    batch.num_seqs = sum_over_ranks(float((mask_BT.sum(-1) > 0).sum()))
+    return batch
 
 
 def loss_mask(traj: Trajectory) -> list[float]:
@@ -110,13 +108,19 @@ class GroupEstimator:
         self.fn, self.normalize_std = ADVANTAGES[a.advantage], a.normalize_std
 
     def __call__(self, rewards_GN: torch.Tensor, batch: StepBatch) -> None:
-        batch.advantages = self.fn(rewards_GN, self.normalize_std).flatten()
+        all_GN = gather_rows(rewards_GN)  # batch statistics are the global batch's
+        batch.advantages = this_ranks(self.fn(all_GN, self.normalize_std).flatten())
 
     def state_dict(self) -> dict:
         return {}
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+
+def this_ranks(values_B: torch.Tensor) -> torch.Tensor:
+    """This rank's rows of values over the global batch (ranks hold equal shares, in order)."""
+    return values_B.reshape(world_size(), -1)[rank()] if world_size() > 1 else values_B
 
 
 class EMAEstimator(GroupEstimator):
@@ -126,10 +130,11 @@ class EMAEstimator(GroupEstimator):
         self.baseline, self.normalize_std = EMABaseline(a.ema_decay), a.normalize_std
 
     def __call__(self, rewards_GN: torch.Tensor, batch: StepBatch) -> None:
-        advantages_B = self.baseline.advantages(rewards_GN.flatten())
+        all_GN = gather_rows(rewards_GN)  # every rank moves its baseline by the global batch
+        advantages_B = self.baseline.advantages(all_GN.flatten())
         if self.normalize_std and advantages_B.numel() > 1:
-            advantages_B = advantages_B / (rewards_GN.std() + STD_EPS)
-        batch.advantages = advantages_B
+            advantages_B = advantages_B / (all_GN.std() + STD_EPS)
+        batch.advantages = this_ranks(advantages_B)
 
     def state_dict(self) -> dict:
         return self.baseline.state_dict()

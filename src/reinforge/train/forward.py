@@ -15,13 +15,22 @@ logprobs, reference logprobs, values, advantages) are kept in the same layout fo
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
+from reinforge.distributed import PACKED_FORWARD, max_over_ranks
 from reinforge.train.logprobs import chunked_logprobs, lm_head_weight
-from reinforge.train.packing import PackSequence, pack_one, packed_hidden_states, plan_micro_batches
+from reinforge.train.packing import (
+    PackedBatch,
+    PackSequence,
+    pack_one,
+    packed_hidden_states,
+    plan_micro_batches,
+)
 
 
 @dataclass
@@ -38,7 +47,26 @@ def micro_batches(
     """Indices of the sequences in each micro-batch (each sorted), at most `max_tokens` tokens
     per micro-batch; a sequence longer than that is a `ConfigError` naming the setting."""
     lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
-    return plan_micro_batches(lengths, max_tokens)
+    return equal_micro_batches(plan_micro_batches(lengths, max_tokens), lengths)
+
+
+def equal_micro_batches(batches: list[list[int]], lengths: Sequence[int]) -> list[list[int]]:
+    """`batches`, split further until every rank has as many as the rank with the most: under
+    FSDP each forward is a collective (a rank with fewer would wait forever). The largest
+    micro-batch is split in two, by tokens; every rank holds the same number of sequences, so
+    there are always enough to split. One process: unchanged."""
+    want = max_over_ranks(len(batches))
+    batches = [list(b) for b in batches]
+    while len(batches) < want:
+        splittable = [b for b in batches if len(b) > 1]
+        assert splittable, "fewer sequences on this rank than micro-batches on another"
+        largest = max(splittable, key=lambda b: sum(lengths[i] for i in b))
+        batches.remove(largest)
+        prefix_tokens = list(itertools.accumulate(lengths[i] for i in largest))
+        cut = bisect.bisect_left(prefix_tokens, prefix_tokens[-1] / 2) + 1
+        cut = min(cut, len(largest) - 1)  # both halves keep a sequence
+        batches += [largest[:cut], largest[cut:]]
+    return batches
 
 
 def completion_rows(
@@ -53,14 +81,27 @@ def completion_rows(
     device = next(model.parameters()).device
     seqs = [PackSequence(p, c) for p, c in zip(prompts, completions)]
     batch = pack_one(seqs, range(len(seqs))).to(device)
-    hidden_LH = packed_hidden_states(model, batch)
-    hidden_KH = hidden_LH.index_select(0, batch.target_positions_K)
-    logprobs_K, entropy_K = chunked_logprobs(
-        hidden_KH, lm_head_weight(model), batch.targets_K, temperature
-    )
+    # An FSDP-sharded model runs the same function as a registered forward method, which gathers
+    # the root's parameters (the LM head among them) around it.
+    forward = getattr(model, PACKED_FORWARD, None)
+    if forward is not None:
+        hidden_KH, logprobs_K, entropy_K = forward(batch, temperature)
+    else:
+        hidden_KH, logprobs_K, entropy_K = packed_logprobs(model, batch, temperature)
     return Rows(
         batch.rows(logprobs_K),
         batch.rows(entropy_K),
         batch.rows_valid_ST,
         hidden_KH[batch.rows_index_ST] if with_hidden else None,
     )
+
+
+def packed_logprobs(model, batch: PackedBatch, temperature: float):
+    """(final hidden states at the target positions [K, H], logprob [K], entropy [K]) of the
+    packed row's targets."""
+    hidden_LH = packed_hidden_states(model, batch)
+    hidden_KH = hidden_LH.index_select(0, batch.target_positions_K)
+    logprobs_K, entropy_K = chunked_logprobs(
+        hidden_KH, lm_head_weight(model), batch.targets_K, temperature
+    )
+    return hidden_KH, logprobs_K, entropy_K

@@ -20,6 +20,7 @@ import torch
 from reinforge.algorithms.value import ValueHead
 from reinforge.checkpoint import TrainerState, load_extra_state, load_optimizer, restore_rng
 from reinforge.config import TrainConfig
+from reinforge.distributed import shard_model
 from reinforge.run import RunContext
 from reinforge.train.advantage_step import Algorithm, StepBatch
 from reinforge.train.common import load_model, model_source
@@ -83,7 +84,7 @@ def build_learner(
         algorithm.load_state_dict(extra["algorithm"])
         if value_head is not None:
             value_head.load_state_dict(extra["value_head"])
-        load_optimizer(ckpt, optimizer, scheduler)
+        load_optimizer(ckpt, optimizer, scheduler, policy.model)
         restore_rng(ckpt)
     return learner
 
@@ -102,6 +103,7 @@ def reference_of(cfg: TrainConfig, ctx: RunContext, policy: Policy) -> Reference
     frozen = load_model(source, policy.device, next(policy.model.parameters()).dtype)
     frozen.eval().requires_grad_(False)
     select_packed_attention(frozen, "auto")
+    frozen = shard_model(frozen, trainable=False)  # under torchrun: sharded like the policy
     return lambda: nullcontext(frozen)
 
 

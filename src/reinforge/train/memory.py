@@ -20,6 +20,9 @@ the budget it plans in, and the choices the trainer takes from it.
 - The planner is told the AdamW state dtype (`optim.state_dtype`), the weight dtype, and for LoRA
   the exact trainable parameter count (`train.lora.bind_on_meta`, which also refuses an adapter
   that binds nothing, before any weights load).
+- Distributed (torchrun): the plan is one process's: its shard of the weights, gradients and
+  optimizer states, its share of the prompts, the full weights gathered for generation
+  (`planner`); on a CPU the node's RAM is divided among its processes.
 - Resume: a run's micro-batch budget is saved in its checkpoints (`TrainerState`) and reused, so a
   resumed run splits its steps into the same micro-batches and stays exact.
 """
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reinforge.config_envs import is_env_task
+from reinforge.distributed import env_local_world_size, env_world_size
 from reinforge.envs.sources import EnvTasks
 from reinforge.errors import ConfigError
 from reinforge.train.planner import (
@@ -110,6 +114,7 @@ def choose_memory(
             kv_bytes,
         )
     rank = cfg.model.lora.rank or None
+    shards = env_world_size()
     plan = plan_memory(
         PlanInputs(
             free_bytes=free,
@@ -117,7 +122,8 @@ def choose_memory(
             prompt_len=work.prompt_len,
             response_len=work.response_len,
             samples_per_prompt=work.samples_per_prompt,
-            prompts_per_step=work.prompts_per_step,
+            prompts_per_step=max(work.prompts_per_step // shards, 1),  # this process's share
+            num_shards=shards,
             lora_rank=rank,
             lora_trainable_params=lora_trainable_params if rank else None,
             optimizer={"float32": "adamw_fp32", "bfloat16": "adamw_bf16"}[cfg.optim.state_dtype],
@@ -153,6 +159,11 @@ def memory_budget(device) -> tuple[int | None, str]:
     available = available_ram()
     if available is None:
         return None, "available RAM cannot be read on this system"
+    processes = env_local_world_size()  # the processes of this node share its RAM
+    if processes > 1:
+        available //= processes
+        note = f"available RAM / {processes} processes on this node (CPU training)"
+        return available, f"{note}: {format_bytes(available)}"
     return available, f"available RAM (CPU training): {format_bytes(available)}"
 
 
@@ -258,6 +269,7 @@ def plan_rows(choice: MemoryChoice) -> list[tuple[str, str]]:
         tokens += f" (the planner's {choice.plan.micro_batch_tokens}, capped: see train.memory)"
     rows = [
         ("memory budget", choice.budget_note),
+        *sharding_rows(),
         ("micro-batch tokens", tokens),
         ("gradient checkpointing", "on" if choice.gradient_checkpointing else "off"),
         (
@@ -273,3 +285,18 @@ def plan_rows(choice: MemoryChoice) -> list[tuple[str, str]]:
             for item, size, note in choice.plan.rows
         ]
     return rows
+
+
+def sharding_rows() -> list[tuple[str, str]]:
+    """What the plan assumes of a distributed run (none in one process)."""
+    shards = env_world_size()
+    if shards <= 1:
+        return []
+    return [
+        (
+            "sharding",
+            f"FSDP over {shards} processes: weights, gradients and optimizer states / {shards}, "
+            "planned per process with its share of the prompts; generation gathers the full "
+            "weights",
+        )
+    ]

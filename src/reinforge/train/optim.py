@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from reinforge.distributed import local_tensor
+
 STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -90,16 +92,20 @@ class MixedAdamW(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(param, dtype=self.state_dtype)
                 state["step"] += 1
                 step = float(state["step"])
-                grad = param.grad.float()
-                exp_avg = state["exp_avg"].float().lerp_(grad, 1.0 - beta1)
-                exp_avg_sq = state["exp_avg_sq"].float().mul_(beta2)
+                # element-wise: on FSDP's DTensor shards, each rank updates its own part
+                weight, avg, avg_sq = map(
+                    local_tensor, (param, state["exp_avg"], state["exp_avg_sq"])
+                )
+                grad = local_tensor(param.grad).float()
+                exp_avg = avg.float().lerp_(grad, 1.0 - beta1)
+                exp_avg_sq = avg_sq.float().mul_(beta2)
                 exp_avg_sq.addcmul_(grad, grad, value=1.0 - beta2)
-                state["exp_avg"].copy_(exp_avg)
-                state["exp_avg_sq"].copy_(exp_avg_sq)
+                avg.copy_(exp_avg)
+                avg_sq.copy_(exp_avg_sq)
                 denom = (exp_avg_sq.sqrt() / math.sqrt(1.0 - beta2**step)).add_(eps)
-                updated = param.float().mul_(1.0 - lr * weight_decay)
+                updated = weight.float().mul_(1.0 - lr * weight_decay)
                 updated.addcdiv_(exp_avg, denom, value=-lr / (1.0 - beta1**step))
-                param.copy_(updated)
+                weight.copy_(updated)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """As `Optimizer.load_state_dict`, which casts every state to its parameter's dtype; the

@@ -36,6 +36,11 @@ head_dim, kv = kv_heads * head_dim, V vocab, Ly layers, r LoRA rank, c logits ch
 - generation working set  sampling logits for up to 256 sequences (2 float32 [256, V]) plus one
                           prefill chunk of 8192 tokens through one layer without grad
 
+Sharded (FSDP over N processes, `num_shards`; `prompts_per_step` is then one process's share):
+weights, gradients, AdamW states and LoRA states are divided by N; training gathers two decoder
+layers and the embeddings at a time (the layer running and the next, prefetched); generation
+gathers all the weights, so it holds the full weights beside the process's own shard.
+
 Phases share the device: the KV pool is allocated once and stays; gradients exist only while
 training (they are freed after each optimizer step). So the plan must satisfy
     static + KV + gradients + head accumulator + logits chunk + T * activations/token <= usable
@@ -148,6 +153,7 @@ class PlanInputs:
     micro_batch_tokens: int | None = None
     kv_cache_bytes: int | None = None
     gradient_checkpointing: bool | None = None
+    num_shards: int = 1  # FSDP processes; prompts_per_step is then this process's share
 
 
 @dataclass(frozen=True)
@@ -190,11 +196,13 @@ def lora_trainable_params(model: ModelShape, rank: int) -> int:
 class _Sizes:
     usable: int
     reserve: int
-    weights: int
-    lora_state: int  # LoRA weights + grads + AdamW states
+    weights: int  # this process's shard of them
+    lora_state: int  # LoRA weights + grads + AdamW states (this process's shard)
     grads: int
     optimizer: int
     head_grad: int
+    gathered_generation: int  # the rest of the weights, gathered for generation (FSDP)
+    gathered_training: int  # the layers gathered at once in training: one, and the next
     logits_chunk: int
     generation: int
     kv_per_token: int
@@ -210,23 +218,31 @@ class _Sizes:
 
     @property
     def training_fixed(self) -> int:
-        return self.static + self.grads + self.head_grad + self.logits_chunk
+        fixed = self.static + self.grads + self.head_grad + self.logits_chunk
+        return fixed + self.gathered_training
+
+    @property
+    def generation_fixed(self) -> int:
+        """What generation holds besides the KV pool: the full weights, and the working set."""
+        return self.static + self.gathered_generation + self.generation
 
     def page_bytes(self, page_size: int) -> int:
         return page_size * self.kv_per_token
 
 
 def _sizes(x: PlanInputs) -> _Sizes:
-    m, d = x.model, x.model.dtype_bytes
+    m, d, shards = x.model, x.model.dtype_bytes, x.num_shards
     reserve = max(int(x.free_bytes * RESERVE_FRACTION), RESERVE_MIN_BYTES)
-    weights = m.num_params * d
+    weights = math.ceil(m.num_params * d / shards)
     if x.lora_rank is None:
-        grads, optimizer = m.num_params * d, m.num_params * OPTIMIZER_STATE_BYTES[x.optimizer]
+        grads = math.ceil(m.num_params * d / shards)
+        optimizer = math.ceil(m.num_params * OPTIMIZER_STATE_BYTES[x.optimizer] / shards)
         head_grad, lora_state = m.vocab_size * m.hidden_size * (4 + d), 0
     else:
         trainable = x.lora_trainable_params or lora_trainable_params(m, x.lora_rank)
         grads = optimizer = head_grad = 0
-        lora_state = trainable * LORA_BYTES_PER_PARAM
+        lora_state = math.ceil(trainable * LORA_BYTES_PER_PARAM / shards)
+    layer_bytes = (m.num_params - m.vocab_size * m.hidden_size) * d // max(m.num_layers, 1)
     num_seqs = x.prompts_per_step * x.samples_per_prompt
     seq_len = x.prompt_len + x.response_len
     shared_pages = x.prompt_len // x.page_size
@@ -245,6 +261,8 @@ def _sizes(x: PlanInputs) -> _Sizes:
         grads=grads,
         optimizer=optimizer,
         head_grad=head_grad,
+        gathered_generation=m.num_params * d - weights if shards > 1 else 0,
+        gathered_training=2 * layer_bytes + m.vocab_size * m.hidden_size * d if shards > 1 else 0,
         logits_chunk=x.logits_chunk_tokens * m.vocab_size * (d + 8),
         generation=sampling + prefill,
         kv_per_token=m.kv_bytes_per_token,
@@ -335,13 +353,13 @@ def _search(x: PlanInputs, s: _Sizes) -> tuple[bool, int, int] | None:
             tokens = x.micro_batch_tokens or tokens_floor
             room = min(
                 s.usable - s.training_fixed - tokens * per_token,
-                s.usable - s.static - s.generation,
+                s.usable - s.generation_fixed,
             )
             pages = min(s.kv_want_pages, room // page_bytes)
             if pages < s.kv_min_pages:
                 continue
         kv = pages * page_bytes
-        if s.static + kv + s.generation > s.usable:
+        if s.generation_fixed + kv > s.usable:
             continue
         room = s.usable - s.training_fixed - kv
         if x.micro_batch_tokens is not None:
@@ -411,9 +429,7 @@ def _override_hint(x: PlanInputs, s: _Sizes) -> str:
             return f"at most {SETTING_MICRO_TOKENS} = {most} fits"
     if x.kv_cache_bytes is not None:
         tokens = x.micro_batch_tokens or s.tokens_min
-        most = min(
-            s.usable - s.training_fixed - tokens * per_token, s.usable - s.static - s.generation
-        )
+        most = min(s.usable - s.training_fixed - tokens * per_token, s.usable - s.generation_fixed)
         if most >= s.kv_min_pages * s.page_bytes(x.page_size):
             return f"at most {SETTING_KV} = {most} fits"
     if x.gradient_checkpointing is False:
@@ -424,7 +440,7 @@ def _override_hint(x: PlanInputs, s: _Sizes) -> str:
 def _minimum_need(x: PlanInputs, s: _Sizes) -> int:
     kv_min = s.kv_min_pages * s.page_bytes(x.page_size)
     training = s.training_fixed + s.tokens_min * activation_bytes_per_token(x, True)
-    return max(training, s.static + s.generation) + kv_min + s.reserve
+    return max(training, s.generation_fixed) + kv_min + s.reserve
 
 
 def _longest_response_that_fits(x: PlanInputs) -> int | None:
@@ -441,15 +457,16 @@ def _longest_response_that_fits(x: PlanInputs) -> int | None:
 
 
 def _gpus_needed(x: PlanInputs, s: _Sizes) -> int | None:
-    """GPUs of this size when FSDP shards weights, gradients and optimizer states; None if the
-    per-GPU activations and KV alone do not fit (sharding cannot help)."""
-    shardable = s.static + s.grads + s.head_grad
-    per_gpu = _minimum_need(x, s) - shardable
-    room = x.free_bytes - per_gpu
-    if room <= 0:
-        return None
-    gpus = math.ceil(shardable / room)
-    return gpus if gpus >= 2 else None
+    """GPUs of this size when FSDP shards weights, gradients and optimizer states (generation
+    still gathers the full weights); None if no count up to 64 fits."""
+    for gpus in (2, 4, 8, 16, 32, 64):
+        if gpus <= x.num_shards:
+            continue
+        share = max(x.prompts_per_step * x.num_shards // gpus, 1)  # each GPU's prompts
+        trial = replace(unset_overrides(x), num_shards=gpus, prompts_per_step=share)
+        if _search(trial, _sizes(trial)) is not None:
+            return gpus
+    return None
 
 
 def _rows(x: PlanInputs, s: _Sizes, checkpointing: bool, tokens: int, pages: int):
@@ -459,26 +476,33 @@ def _rows(x: PlanInputs, s: _Sizes, checkpointing: bool, tokens: int, pages: int
     total_seqs = x.prompts_per_step * x.samples_per_prompt
     seqs_held = min(total_seqs, pages * total_seqs // s.kv_want_pages)
     training_peak = s.training_fixed + kv + tokens * per_token
-    generation_peak = s.static + kv + s.generation
+    generation_peak = s.generation_fixed + kv
+    shards = x.num_shards
+    per = f" / {shards} processes (FSDP shard)" if shards > 1 else ""
     rows = [
         ("free device memory", x.free_bytes, ""),
         ("reserve", s.reserve, f"{RESERVE_FRACTION:.0%} of free: fragmentation, allocator"),
-        ("weights", s.weights, f"{m.num_params:,} params x {d} B"),
+        ("weights", s.weights, f"{m.num_params:,} params x {d} B{per}"),
     ]
+    if shards > 1:
+        rows += [
+            ("gathered weights, generation", s.gathered_generation, "the other shards, gathered"),
+            ("gathered weights, training", s.gathered_training, "two layers + embeddings"),
+        ]
     if x.lora_rank is None:
         state_bytes = OPTIMIZER_STATE_BYTES[x.optimizer]
         rows += [
-            ("gradients", s.grads, f"{m.num_params:,} x {d} B (training phase only)"),
-            ("optimizer states", s.optimizer, f"{x.optimizer}: {state_bytes} B/param"),
+            ("gradients", s.grads, f"{m.num_params:,} x {d} B{per} (training phase only)"),
+            ("optimizer states", s.optimizer, f"{x.optimizer}: {state_bytes} B/param{per}"),
             ("LM head grad accumulator", s.head_grad, "float32 [V, H] + per-chunk temporary"),
         ]
     else:
-        trainable = s.lora_state // LORA_BYTES_PER_PARAM
+        trainable = x.lora_trainable_params or lora_trainable_params(m, x.lora_rank)
         rows.append(
             (
                 "LoRA adapter + grads + AdamW",
                 s.lora_state,
-                f"rank {x.lora_rank}: {trainable:,} float32 params x {LORA_BYTES_PER_PARAM} B",
+                f"rank {x.lora_rank}: {trainable:,} float32 params x {LORA_BYTES_PER_PARAM} B{per}",
             )
         )
     mode = "checkpointing on" if checkpointing else "checkpointing off"

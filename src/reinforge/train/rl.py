@@ -19,6 +19,14 @@ from reinforge import faults, watchdog
 from reinforge.algorithms.dapo import filter_zero_variance_groups
 from reinforge.checkpoint import TrainerState, latest_checkpoint, rng_state, wait_for_saves
 from reinforge.config import TrainConfig
+from reinforge.distributed import (
+    any_rank,
+    full_weights,
+    is_distributed,
+    is_main,
+    reduce_metrics,
+    share,
+)
 from reinforge.engine.base import SamplingParams
 from reinforge.envs.sources import EnvTasks
 from reinforge.eval import logged_metrics
@@ -27,6 +35,7 @@ from reinforge.run import RunContext, Stopped, Summary
 from reinforge.tasks import task_source_for
 from reinforge.train.advantage_step import assign_advantages, build_step_batch
 from reinforge.train.common import device_memory_metrics, eos_ids, render_prompt
+from reinforge.train.env_rollout import SUMMED as EPISODE_SUMS
 from reinforge.train.env_rollout import env_rollout, episode_metrics, tool_use_notes
 from reinforge.train.learner import Learner, build_learner, score_with_models
 from reinforge.train.nonfinite import enforce_non_finite_policy
@@ -80,7 +89,7 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
                 cfg, policy, tasks, logger, state.step, eval_tokens, "after RL"
             )
             save_rl(ctx, cfg, learner, state)
-        if cfg.log.plot:
+        if cfg.log.plot and is_main():
             plot_curves(ctx.run_dir)
     finally:
         logger.close()
@@ -104,7 +113,7 @@ def rl_step(
         metrics = update_policy(cfg, learner, batch)
     logger.log_samples(step, sample_rows(learner.policy, groups, cfg.log.samples_per_step))
     num_generated = sum(t.num_completion_tokens for g in sampled for t in g.trajectories)
-    return {
+    metrics = {
         **rollout_metrics(sampled),
         **episode_metrics(sampled),
         **sampling_metrics,
@@ -119,6 +128,13 @@ def rl_step(
         **device_memory_metrics(learner.policy.device),
         **faults.step_metrics(),
     }
+    return reduce_metrics(metrics, SUMMED_OVER_RANKS | set(EPISODE_SUMS.values()), MAXED_OVER_RANKS)
+
+
+# How a step's per-rank metrics combine in a distributed run (the rest: mean over ranks; the
+# loss terms arrive already reduced, `update.update_policy`).
+SUMMED_OVER_RANKS = {"tokens_per_s", "reward_errors", "reward_nonfinite", "faults_injected"}
+MAXED_OVER_RANKS = {"generate_s", "train_s", "step_s", "gpu_peak_gib"}
 
 
 def sample_groups(
@@ -136,14 +152,16 @@ def sample_groups(
     for round_index in range(a.max_sampling_rounds if a.dynamic_sampling else 1):
         missing = want - len(kept)
         num = want if not kept else min(want, math.ceil(missing * len(sampled) / len(kept)))
-        batch_tasks = [tasks.train_task(state.data_position + i) for i in range(num)]
+        mine = share(num)  # this rank's prompts of the round (all of them in one process)
+        batch_tasks = [tasks.train_task(state.data_position + i) for i in mine]
         state.data_position += num
         seed = rollout_seed(cfg, step, round_index)
         if isinstance(tasks, EnvTasks):  # multi-turn episodes, scored by the env
-            with faults.site("generation"):
-                groups = env_rollout(cfg, policy, tasks, batch_tasks, seed)
+            with faults.site("generation"), full_weights(policy.model):
+                groups = env_rollout(cfg, policy, tasks, batch_tasks, seed + 7_777 * mine.start)
         else:
-            groups = rollout(cfg, policy, batch_tasks, seed=seed)
+            with full_weights(policy.model):
+                groups = rollout(cfg, policy, batch_tasks, seed=seed, first_prompt_index=mine.start)
             score(groups, tasks, errors)
         sampled += groups
         if not a.dynamic_sampling:
@@ -176,7 +194,11 @@ def has_signal(groups: list[Group]) -> list[bool]:
     return filter_zero_variance_groups(rewards_GN).tolist()
 
 
-def rollout(cfg: TrainConfig, policy: Policy, batch_tasks, seed: int) -> list[Group]:
+def rollout(
+    cfg: TrainConfig, policy: Policy, batch_tasks, seed: int, first_prompt_index: int = 0
+) -> list[Group]:
+    """The tasks' groups of samples; `first_prompt_index`: where `batch_tasks` start in the
+    step's prompts (this rank's share), so each prompt samples the same on any rank."""
     r = cfg.rollout
     prompts = [render_prompt(policy.tokenizer, t.messages) for t in batch_tasks]
     params = SamplingParams(
@@ -190,6 +212,7 @@ def rollout(cfg: TrainConfig, policy: Policy, batch_tasks, seed: int) -> list[Gr
         stop_strings=() if r.ignore_eos else tuple(r.stop_strings),
         seed=seed,
         ignore_eos=r.ignore_eos,
+        first_prompt_index=first_prompt_index,
     )
     with faults.site("generation"):
         outputs = policy.engine.generate(prompts, params)
@@ -246,11 +269,11 @@ def between_steps(cfg, ctx, learner: Learner, tasks, logger, state, eval_tokens:
     step, is_last = state.step, state.step >= cfg.run.max_steps
     if cfg.eval.every and step % cfg.eval.every == 0 and not is_last:
         log_eval(cfg, learner.policy, tasks, logger, step, eval_tokens, f"step {step}")
-    if ctx.should_stop and not is_last:
+    if any_rank(ctx.should_stop) and not is_last:  # the ranks stop at the same step
         raise Stopped(ctx.stop_signal or "signal", save_rl(ctx, cfg, learner, state))
     if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and not is_last:
         save_rl(ctx, cfg, learner, state, asynchronous=cfg.checkpoint.async_save)
-        if cfg.log.plot:
+        if cfg.log.plot and is_main():
             plot_curves(ctx.run_dir)
 
 
@@ -272,14 +295,17 @@ def save_rl(
         cfg.checkpoint.keep_last,
         learner.checkpoint_state(),
         rng,
-        asynchronous,
+        asynchronous and not is_distributed(),  # a sharded save is collective: in step
     )
 
 
 def mark_consistent(ctx: RunContext, cfg: TrainConfig, learner: Learner, state: TrainerState):
     """At a step boundary: should a later generation, reward, tool, logging or eval phase hang,
     the watchdog saves this step. The weights, optimizer and algorithm state change only in
-    training; the loop's position and the RNG are snapshot here."""
+    training; the loop's position and the RNG are snapshot here. Not in a distributed run: a
+    sharded save is collective, and a hang leaves the other ranks elsewhere."""
+    if is_distributed():
+        return
     snapshot, rng, name = dataclasses.replace(state), rng_state(), f"step_{state.step:06d}"
 
     def save_this_step():
@@ -304,8 +330,8 @@ def log_eval(
 ) -> float | None:
     """Held-out accuracy (None: nothing to score), printed and, with a logger, logged with the
     other evaluation metrics (`eval_pass@k`, per-source accuracy, ...)."""
-    with watchdog.phase("eval"):
-        result = run_eval(cfg, policy, tasks, max_new_tokens)
+    with watchdog.phase("eval"), full_weights(policy.model):
+        result = run_eval(cfg, policy, tasks, max_new_tokens)  # every rank: the same tasks
     if result is None:
         return None
     if logger is not None:

@@ -20,10 +20,11 @@ from reinforge.checkpoint import (
     load_trainer_state,
     save_checkpoint,
 )
+from reinforge.distributed import any_rank, is_main, shard_model, share
 from reinforge.engine.base import Engine
 from reinforge.engine.factory import build_engine
 from reinforge.eval import EvalResult, evaluate
-from reinforge.metrics import MetricsLogger, console
+from reinforge.metrics import MetricsLogger, NullLogger, console
 from reinforge.run import RunContext, Stopped
 from reinforge.train.common import load_tokenizer, model_source, resolve_device, resolve_dtype
 from reinforge.train.memory import plan_run, probe_lengths, resolve_memory
@@ -65,6 +66,7 @@ def load_policy(cfg, ctx: RunContext) -> tuple[Policy, TrainerState, Path | None
         f"checkpointing {'on' if choice.gradient_checkpointing else 'off'} ({choice.budget_note})"
     )
     model, source = build_model(cfg, ctx.run_dir, ckpt, state, device, dtype)
+    model = shard_model(model)  # FSDP2 under torchrun; one process: as it is
     watchdog.beat_on_forward(model)  # every forward is progress for the hang watchdog
     engine = policy_engine(cfg, model, tokenizer, choice.kv_cache_bytes)
     policy = Policy(model, tokenizer, engine, device, source, choice.kv_cache_bytes)
@@ -81,7 +83,9 @@ def policy_engine(cfg, model, tokenizer, kv_cache_bytes: int | None) -> Engine:
     )
 
 
-def open_logger(cfg, ctx: RunContext, state: TrainerState) -> MetricsLogger:
+def open_logger(cfg, ctx: RunContext, state: TrainerState) -> MetricsLogger | NullLogger:
+    if not is_main():
+        return NullLogger()
     resume_key = (PHASE_RANK[state.phase], state.step) if ctx.resume else None
     return MetricsLogger(
         ctx.run_dir,
@@ -175,13 +179,14 @@ def sft_phase(
     )
     if state.phase == "sft" and state.step > 0:
         assert ckpt is not None
-        load_optimizer(ckpt, optimizer, scheduler)
+        load_optimizer(ckpt, optimizer, scheduler, policy.model)
     else:
         state = TrainerState("sft", 0, state.data_position, False, state.micro_batch_tokens)
     every = max(total_steps // 10, 1)
+    mine = share(s.batch_size)  # this rank's examples of each batch
     for step in range(state.step + 1, total_steps + 1):
         prompts, responses, masks = sft_examples(
-            policy.tokenizer, tasks, state.data_position, s.batch_size
+            policy.tokenizer, tasks, state.data_position + mine.start, len(mine)
         )
         state.data_position += s.batch_size
         with faults.site("training") as poison:
@@ -206,7 +211,7 @@ def sft_phase(
             )
         if validate is not None:
             validate(step)
-        if ctx.should_stop and step < total_steps:
+        if any_rank(ctx.should_stop) and step < total_steps:
             path = save(ctx, f"sft_step_{step:06d}", policy, optimizer, scheduler, state)
             raise Stopped(ctx.stop_signal or "signal", path)
         if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total_steps:

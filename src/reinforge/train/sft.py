@@ -16,6 +16,7 @@ import time
 import torch
 
 from reinforge.data.chat import chat_example
+from reinforge.distributed import clip_grad_norm, loss_scale, sum_over_ranks
 from reinforge.envs.sources import EnvTasks
 from reinforge.train.common import eos_ids
 from reinforge.train.forward import completion_rows, micro_batches
@@ -63,22 +64,25 @@ def sft_step(
     batch at once; `micro_batch_size` sequences' worth of the longest one, the older way to say
     it). A gradient that is not finite skips the optimizer step (`nonfinite_skipped` = 1);
     `poison` (a fault-injection drill) makes the loss NaN. `masks` (one 0/1 per response token)
-    leaves tokens out of the loss, such as a conversation's user turns; default: all count."""
+    leaves tokens out of the loss, such as a conversation's user turns; default: all count.
+    In a distributed run these are this rank's share of the batch; the loss is the global
+    batch's token mean."""
     start = time.perf_counter()
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     if micro_batch_tokens is None:
         micro_batch_tokens = max(lengths) * micro_batch_size if micro_batch_size else sum(lengths)
     masks = masks if masks is not None else [[1] * len(r) for r in responses]
-    num_tokens = float(sum(map(sum, masks)))
+    num_tokens = sum_over_ranks(float(sum(map(sum, masks))))  # the global batch's
     total_loss = 0.0
     optimizer.zero_grad(set_to_none=True)
     for idx in micro_batches(prompts, responses, micro_batch_tokens):
         loss = -masked_logprob_sum(model, prompts, responses, masks, idx) / num_tokens
         if poison:
             loss = loss * math.nan
-        loss.backward()
+        (loss * loss_scale()).backward()  # FSDP averages over ranks (see `distributed`)
         total_loss += loss.item()
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm))
+    total_loss = sum_over_ranks(total_loss)
+    grad_norm = clip_grad_norm(model.parameters(), max_grad_norm)
     is_finite = math.isfinite(grad_norm)
     if is_finite:
         optimizer.step()

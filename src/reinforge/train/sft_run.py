@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 from reinforge.config import SFTConfig
+from reinforge.distributed import is_main
 from reinforge.metrics import console, plot_curves
 from reinforge.run import RunContext, Summary
 from reinforge.tasks import task_source_for
@@ -52,7 +53,7 @@ def run_sft(cfg: SFTConfig, ctx: RunContext) -> Summary:
         summary.steps_trained, summary.final_step = cfg.sft.steps - start, cfg.sft.steps
         summary.eval_after = validate(cfg.sft.steps, "after SFT")
         summary.notes += loss_note(ctx.run_dir, cfg.sft.steps)
-        if cfg.log.plot:
+        if cfg.log.plot and is_main():
             plot_curves(ctx.run_dir)
     finally:
         logger.close()

@@ -5,6 +5,10 @@ Every micro-batch's loss is already divided by the whole step's token and sequen
 (`algorithms.losses`), so the accumulated gradient is the configured aggregate whatever the
 micro-batching; metrics follow the same rule and are summed. On policy with one update per batch
 the old logprobs are this forward's own, detached (`algorithm.old_logprobs = "trainer"`).
+
+In a distributed run the counts are the global step's (all ranks), each rank backpropagates its
+loss times the world size (FSDP averages gradients over ranks), and the summed metrics are summed
+over ranks too: the step is the single-process step of the same global batch.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from reinforge.algorithms.losses import LossInputs
 from reinforge.algorithms.mismatch import mismatch_kl
 from reinforge.algorithms.value import clipped_value_loss
 from reinforge.config import TrainConfig
+from reinforge.distributed import clip_grad_norm, loss_scale, reduce_metrics
 from reinforge.train.advantage_step import StepBatch
 from reinforge.train.forward import completion_rows, micro_batches
 from reinforge.train.learner import Learner
@@ -30,6 +35,8 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
     for idx in micro_batches(batch.prompts, batch.completions, cfg.train.micro_batch_tokens):
         for key, value in micro_step(cfg, learner, batch, idx).items():
             totals[key] = totals.get(key, 0.0) + float(value)
+    # each rank's terms are divided by the global counts: over the ranks they add up
+    totals = reduce_metrics(totals, summed=set(totals))
     totals.update(optimizer_step(cfg, learner))
     return totals
 
@@ -80,7 +87,7 @@ def micro_step(
         )
         loss = loss + value_loss  # the head reads detached hidden states: separate gradients
         metrics.update(value_metrics)
-    loss.backward()
+    (loss * loss_scale()).backward()
     metrics["kl_sampler"] = mismatch_kl(sampler_ST, rows.logprobs_ST, mask_ST, batch.num_tokens)
     return metrics
 
@@ -89,7 +96,7 @@ def optimizer_step(cfg: TrainConfig, learner: Learner) -> dict[str, float]:
     """Clip (policy and value head separately), step unless a gradient is not finite, advance
     the schedule."""
     max_norm = cfg.optim.max_grad_norm
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(learner.policy.model.parameters(), max_norm))
+    grad_norm = clip_grad_norm(learner.policy.model.parameters(), max_norm)
     metrics = {"grad_norm": grad_norm}
     is_finite = math.isfinite(grad_norm)
     if learner.value_head is not None:

@@ -1,0 +1,263 @@
+"""torchrun and FSDP2: one process per device, the same config on one GPU or many.
+
+Contract:
+- `init_from_env` reads what torchrun sets (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, and
+  the rendezvous) and, with WORLD_SIZE > 1, starts the process group: NCCL for CUDA tensors plus
+  gloo for host ones on a GPU, gloo on a CPU; each process takes the GPU LOCAL_RANK names.
+  Without torchrun, or with WORLD_SIZE = 1, nothing starts and every helper here is the identity:
+  the single-process path has no process group, no wrapping and no extra work.
+- Data-parallel rollout: each rank generates for its own share of a step's prompts (`share`),
+  with its own engine over the full weights (`full_weights`). A prompt's n samples always stay
+  on one rank, so group advantages need no communication; the sampler keys each sequence's noise
+  by (seed, global prompt index, sample index), so which rank generates a prompt changes no
+  sample (`SamplingParams.first_prompt_index`).
+- Sharded training: `shard_model` applies FSDP2 (`fully_shard`) to each decoder layer and to the
+  whole model, with bf16 parameters and float32 gradient reduction on CUDA
+  (`MixedPrecisionPolicy`); float32 everywhere on a CPU. The trainer's packed forward (decoder,
+  then the chunked LM head reading `lm_head.weight` directly, never `model.forward`) is
+  registered as an FSDP forward method, so the root's parameters (embeddings, final norm, LM
+  head) are gathered for it and their gradients reduced after it.
+- Gradients: FSDP averages them over ranks. Each rank's loss is divided by the *global* token and
+  sequence counts (`sum_over_ranks`), and backpropagated times the world size
+  (`loss_scale`), so the averaged gradient is exactly the single-process gradient of the same
+  global batch. Every rank runs the same number of micro-batches (`equal_micro_batches`): each
+  forward is a collective.
+- Metrics: `reduce_metrics` combines each rank's step metrics (mean, sum or max per key); rank 0
+  alone writes files and prints.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import MethodType
+
+import torch
+
+from reinforge.errors import ConfigError
+
+# The trainer's packed forward, registered on FSDP-sharded models (see `train.forward`).
+PACKED_FORWARD = "reinforge_packed_forward"
+
+
+# ------------------------------------------------------------------------------ the world
+
+
+def env_world_size() -> int:
+    """Processes torchrun started for this job (1 outside torchrun); readable before any init."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def env_local_world_size() -> int:
+    """Processes torchrun started on this node (they share its RAM and GPUs)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+
+
+def is_distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def world_size() -> int:
+    return torch.distributed.get_world_size() if is_distributed() else 1
+
+
+def rank() -> int:
+    return torch.distributed.get_rank() if is_distributed() else 0
+
+
+def is_main() -> bool:
+    """Rank 0: the process that writes the run's files and prints."""
+    return rank() == 0
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def init_from_env(device_setting: str) -> None:
+    """Start the process group when torchrun launched more than one process (idempotent)."""
+    if env_world_size() <= 1 or is_distributed():
+        return
+    uses_cuda = device_setting != "cpu" and torch.cuda.is_available()
+    if device_setting not in ("auto", "cuda", "cpu"):
+        raise ConfigError(
+            f"run.device = {device_setting!r} under torchrun: each process takes the GPU its "
+            "LOCAL_RANK names; use run.device = 'auto' (or 'cuda', or 'cpu') and choose GPUs "
+            "with CUDA_VISIBLE_DEVICES"
+        )
+    if uses_cuda:
+        if local_rank() >= torch.cuda.device_count():
+            raise ConfigError(
+                f"LOCAL_RANK {local_rank()} but only {torch.cuda.device_count()} GPUs are visible "
+                "on this node; start at most that many processes per node (--nproc-per-node)"
+            )
+        torch.cuda.set_device(local_rank())
+    backend = "cuda:nccl,cpu:gloo" if uses_cuda else "gloo"
+    torch.distributed.init_process_group(backend=backend)
+    if not is_main():  # one console: rank 0 prints, the others only on failure
+        from reinforge.metrics import console
+
+        console.quiet = True
+
+
+def shutdown() -> None:
+    if is_distributed():
+        torch.distributed.destroy_process_group()
+
+
+def barrier() -> None:
+    if is_distributed():
+        torch.distributed.barrier()
+
+
+def share(count: int) -> range:
+    """This rank's slice of `count` items of a step (preflight checks that the ranks divide it)."""
+    size = world_size()
+    assert count % size == 0, f"{count} items do not divide among {size} ranks"
+    per_rank = count // size
+    return range(rank() * per_rank, (rank() + 1) * per_rank)
+
+
+def loss_scale() -> float:
+    """What each rank multiplies its loss by before backward: FSDP averages gradients over the
+    ranks, and the losses are already divided by global counts, so the average must become a
+    sum."""
+    return float(world_size())
+
+
+# ------------------------------------------------------------------------------ reductions
+
+
+def sum_over_ranks(value: float) -> float:
+    if not is_distributed():
+        return value
+    total = torch.tensor([value], dtype=torch.float64)
+    torch.distributed.all_reduce(total)
+    return float(total.item())
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when it is true on any (a stop signal reaches ranks at different
+    moments; they must agree on the step they stop at)."""
+    return sum_over_ranks(1.0 if flag else 0.0) > 0
+
+
+def max_over_ranks(value: int) -> int:
+    if not is_distributed():
+        return value
+    top = torch.tensor([value], dtype=torch.int64)
+    torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX)
+    return int(top.item())
+
+
+def gather_rows(rows: torch.Tensor) -> torch.Tensor:
+    """Every rank's `rows` [R, ...] (the same shape on each), concatenated in rank order."""
+    if not is_distributed():
+        return rows
+    parts = [torch.empty_like(rows) for _ in range(world_size())]
+    torch.distributed.all_gather(parts, rows.contiguous())
+    return torch.cat(parts)
+
+
+def reduce_metrics(
+    metrics: dict[str, float], summed: set[str] = frozenset(), maxed: set[str] = frozenset()
+) -> dict[str, float]:
+    """One dict for the step from every rank's: keys in `summed` add up (counts, and the loss
+    terms already divided by global counts), keys in `maxed` take the largest (wall times, peak
+    memory), the rest are means (the ranks hold equal numbers of groups, so a mean of per-rank
+    means is the mean over all trajectories). A key some ranks lack is reduced over the others."""
+    if not is_distributed():
+        return metrics
+    gathered: list[dict[str, float]] = [{} for _ in range(world_size())]
+    torch.distributed.all_gather_object(gathered, metrics)
+    keys = dict.fromkeys(k for part in gathered for k in part)  # rank 0's order first
+    out = {}
+    for key in keys:
+        values = [float(part[key]) for part in gathered if key in part]
+        if key in summed:
+            out[key] = sum(values)
+        elif key in maxed:
+            out[key] = max(values)
+        else:
+            out[key] = sum(values) / len(values)
+    return out
+
+
+# ------------------------------------------------------------------------------ FSDP2
+
+
+def shard_model(model: torch.nn.Module, trainable: bool = True) -> torch.nn.Module:
+    """FSDP2 over all ranks: each decoder layer is one unit (gathered for its forward and
+    backward, then freed), the rest (embeddings, final norm, LM head) the root unit. In place;
+    returns `model` (now an FSDP module whose parameters are DTensor shards). `trainable=False`
+    for a frozen KL reference. Identity outside a distributed run."""
+    if not is_distributed():
+        return model
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import (
+        MixedPrecisionPolicy,
+        fully_shard,
+        register_fsdp_forward_method,
+    )
+
+    from reinforge.train.forward import packed_logprobs
+
+    device = next(model.parameters()).device
+    mesh = init_device_mesh(device.type, (world_size(),))
+    policy = MixedPrecisionPolicy()  # a CPU computes in float32, exact against one process
+    if device.type == "cuda" and trainable:
+        # The weights' own dtype (bf16 on a GPU) for compute, float32 for reducing gradients.
+        # LoRA adapters (float32, the only trainable tensors) keep their dtype: param_dtype None.
+        dtypes = {p.dtype for p in model.parameters()}
+        param_dtype = torch.bfloat16 if dtypes == {torch.bfloat16} else None
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for layer in model.get_decoder().layers:
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    setattr(model, PACKED_FORWARD, MethodType(packed_logprobs, model))
+    register_fsdp_forward_method(model, PACKED_FORWARD)
+    return model
+
+
+def fsdp_modules(model: torch.nn.Module) -> list:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in model.modules() if isinstance(m, FSDPModule)]
+
+
+@contextmanager
+def full_weights(model: torch.nn.Module) -> Iterator[None]:
+    """Within the block every parameter of a sharded `model` is the full, gathered tensor, in the
+    modules themselves: the engines read them in place as on one GPU, and a forward through the
+    model's own `forward` (the simple engine) gathers nothing more, so ranks may run different
+    numbers of forwards. Identity for an unsharded model."""
+    units = fsdp_modules(model) if is_distributed() else []
+    if not units:
+        yield
+        return
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+        unit.unshard()
+    try:
+        yield
+    finally:
+        root = units[0]
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(unit is not root, recurse=False)
+
+
+def clip_grad_norm(parameters, max_norm: float) -> float:
+    """`torch.nn.utils.clip_grad_norm_` whose result is the global norm, also over DTensor shards
+    (the same number on every rank)."""
+    norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    full_tensor = getattr(norm, "full_tensor", None)
+    return float(full_tensor() if full_tensor is not None else norm)
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (element-wise work needs no communication); other tensors as
+    they are."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if to_local is not None else tensor
