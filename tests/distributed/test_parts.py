@@ -1,0 +1,95 @@
+"""The pieces of distributed training that run in one process: keyed sampling that does not
+depend on how prompts are split among ranks, micro-batch counts made equal across ranks, the
+preflight's batch arithmetic, the planner's sharded memory, and the single-process identity."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reinforge import distributed
+from reinforge.config import TrainConfig, load_config
+from reinforge.engine.base import SamplingParams
+from reinforge.engine.paged import PagedEngine
+from reinforge.train import forward
+from reinforge.train.common import load_model, load_tokenizer, model_source
+from reinforge.train.planner import ModelShape, PlanInputs, plan_memory
+
+from ..conftest import TINY_RUN
+
+
+def test_a_prompt_samples_the_same_whatever_share_of_the_batch_generates_it():
+    source = model_source("builtin:micro", 0)
+    model = load_model(source, torch.device("cpu"), torch.float32)
+    engine = PagedEngine(model, load_tokenizer(source), block_size=4)
+    prompts = [[5, 6, 7], list(range(20, 31)), [40, 41], list(range(60, 66))]
+    params = dict(max_new_tokens=8, temperature=1.0, top_p=0.9, n=3, seed=11, ignore_eos=True)
+    whole = engine.generate(prompts, SamplingParams(**params))
+    first = engine.generate(prompts[:2], SamplingParams(**params))
+    second = engine.generate(prompts[2:], SamplingParams(**params, first_prompt_index=2))
+    ids = lambda out: [[c.token_ids for c in group] for group in out]  # noqa: E731
+    assert ids(first + second) == ids(whole)
+    assert len({tuple(c.token_ids) for c in whole[0]}) > 1, "a group's samples differ"
+    # without the offset, the second share would draw the first share's noise
+    unkeyed = engine.generate(prompts[2:], SamplingParams(**params))
+    assert ids(unkeyed) != ids(whole[2:])
+
+
+def test_micro_batches_are_split_to_the_count_of_the_rank_with_most(monkeypatch):
+    lengths = [30, 10, 10, 10, 40, 5]
+    monkeypatch.setattr(forward, "max_over_ranks", lambda count: 4)
+    batches = forward.equal_micro_batches([[0, 1, 2, 3], [4, 5]], lengths)
+    assert len(batches) == 4
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    assert all(b == sorted(b) and b for b in batches)
+    monkeypatch.setattr(forward, "max_over_ranks", lambda count: count)
+    assert forward.equal_micro_batches([[0, 1], [2]], lengths) == [[0, 1], [2]]
+
+
+def test_preflight_checks_the_global_batch_for_the_number_of_processes(monkeypatch):
+    from reinforge.preflight import run_preflight
+
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    cfg = load_config(TrainConfig, None, [*TINY_RUN, "algorithm.dynamic_sampling=true"])
+    pf = run_preflight(cfg)
+    errors = "\n".join(pf.errors)
+    assert "rollout.prompts_per_step = 4 does not divide among 3 processes" in errors
+    assert "set rollout.prompts_per_step = 6 (or 3)" in errors
+    assert "algorithm.dynamic_sampling = true is not supported with several processes" in errors
+    rows = dict(pf.rows)
+    assert rows["processes"].startswith("3 (torchrun; 3 per node)")
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    pf = run_preflight(load_config(TrainConfig, None, TINY_RUN))
+    assert not pf.errors
+    rows = dict(pf.rows)
+    assert rows["per process"].startswith("2 prompts x 4 samples = 8 sequences")
+    assert "FSDP over 2 processes" in rows["sharding"]
+    assert "/ 2 processes on this node" in rows["memory budget"]
+
+
+def test_the_plan_of_a_sharded_run_divides_weights_gradients_and_optimizer_states():
+    model = ModelShape(494_032_768, 24, 896, 4864, 14, 2, 64, 151_936)
+    work = dict(prompt_len=256, response_len=512, samples_per_prompt=8, prompts_per_step=32)
+    one = plan_memory(PlanInputs(free_bytes=70 << 30, model=model, **work))
+    four = plan_memory(PlanInputs(free_bytes=70 << 30, model=model, num_shards=4, **work))
+    sizes = lambda plan: {item: size for item, size, _ in plan.rows}  # noqa: E731
+    for item in ("weights", "gradients", "optimizer states"):
+        assert sizes(four)[item] == pytest.approx(sizes(one)[item] / 4, abs=1)
+    notes = {item: note for item, _, note in four.rows}
+    assert "/ 4 processes (FSDP shard)" in notes["optimizer states"]
+    assert sizes(four)["gathered weights, generation"] == model.num_params * 2 * 3 // 4
+
+
+def test_one_process_starts_no_process_group_and_shares_everything(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    distributed.init_from_env("auto")
+    assert not distributed.is_distributed()
+    assert distributed.share(6) == range(6)
+    assert distributed.loss_scale() == 1.0
+    metrics = {"loss": 0.5, "step_s": 1.0}
+    assert distributed.reduce_metrics(metrics, summed={"loss"}) is metrics
+    model = torch.nn.Linear(2, 2)
+    assert distributed.shard_model(model) is model

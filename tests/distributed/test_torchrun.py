@@ -1,0 +1,195 @@
+"""`reinforge train` under torchrun on the CPU (gloo), in real subprocesses: two processes give
+the single-process run's numbers on the same global batch, checkpoints of two processes resume
+on one and checkpoints of one resume on two (launched as two single-process "nodes" meeting
+through a c10d rendezvous on localhost), continuing exactly.
+
+The workload is the benchmark's random-token task on a micro Qwen2 shape with tied embeddings:
+its reward (completion length in characters mod 7) varies from sample to sample, so every step
+has advantages and a gradient. Four steps, a checkpoint at step 2: steps 3 and 4 of a resumed
+run must match the uninterrupted run's (step 4 also checks the restored optimizer state).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+SHAPE = {
+    "model_type": "qwen2",
+    "architectures": ["Qwen2ForCausalLM"],
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-06,
+    "max_position_embeddings": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "tie_word_embeddings": True,
+    "rope_theta": 10000.0,
+}
+RUN = [
+    "task.name=random_tokens",
+    "task.prompt_tokens=6",
+    "task.vocab_words=500",
+    "task.num_eval=4",
+    "rollout.prompts_per_step=4",
+    "rollout.samples_per_prompt=4",
+    "rollout.max_new_tokens=6",
+    "train.micro_batch_tokens=64",  # several micro-batches a step, unequal across ranks
+    "optim.lr=0.01",
+    "run.num_threads=1",
+    "run.max_steps=4",
+    "checkpoint.every=2",
+    "checkpoint.keep_last=4",
+    "eval.before_train=false",
+    "log.tensorboard=false",
+    "log.plot=false",
+    "watchdog.timeout_s=0",
+]
+# What must agree between runs: the loss and its terms, the gradient, the samples' rewards and
+# lengths (the same samples), the KL to the reference, the data position.
+COMPARED = (
+    "loss",
+    "pg_loss",
+    "entropy",
+    "kl_ref",
+    "grad_norm",
+    "reward_mean",
+    "response_len",
+    "advantage_abs_mean",
+    "data_position",
+)
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def launch(*commands: list[str], timeout: float = 240) -> None:
+    """Start the commands together (several torchrun "nodes"), wait for all; each must exit 0."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    procs = [
+        subprocess.Popen(
+            c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        for c in commands
+    ]
+    outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    for proc, output in zip(procs, outputs):
+        assert proc.returncode == 0, output[-4000:]
+
+
+def reinforge(run_dir: Path, *extra: str) -> list[str]:
+    return ["-m", "reinforge", "train", *run_args(run_dir), *extra]
+
+
+def run_args(run_dir: Path) -> list[str]:
+    return [f"run.output_dir={run_dir.parent}", f"run.name={run_dir.name}"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rl_metrics(run_dir: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r for r in rows if r["phase"] == "rl" and "loss" in r}
+
+
+def assert_same_steps(got: dict[int, dict], want: dict[int, dict], steps) -> None:
+    for step in steps:
+        for key in COMPARED:
+            assert got[step][key] == pytest.approx(want[step][key], rel=1e-4, abs=1e-6), (
+                step,
+                key,
+            )
+
+
+def interrupted_copy(run_dir: Path, to: Path) -> Path:
+    """`run_dir` as a run stopped after its step-2 checkpoint: `latest` names step 2 (the resume
+    removes the later step folders, as after a crash between a save and the pointer)."""
+    shutil.copytree(run_dir, to)
+    (to / "checkpoints" / "latest").write_text("step_000002")
+    return to
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One process and two processes (torchrun), four steps each."""
+    root = tmp_path_factory.mktemp("distributed")
+    shape = root / "micro_shape.json"
+    shape.write_text(json.dumps(SHAPE))
+    common = [*RUN, f"model.path=shape:{shape}"]
+    one, two = root / "one", root / "two"
+    launch([sys.executable, *reinforge(one, *common)])
+    launch([*TORCHRUN, "--standalone", "--nproc-per-node", "2", *reinforge(two, *common)])
+    return root, common, one, two
+
+
+def test_two_processes_train_as_one_on_the_same_global_batch(runs):
+    _, _, one, two = runs
+    assert_same_steps(rl_metrics(two), rl_metrics(one), steps=(1, 2, 3, 4))
+    # rank 0 alone writes the run's files: one line per step, no second rank's error file
+    rows = (two / "metrics.jsonl").read_text().splitlines()
+    assert sum('"loss"' in row for row in rows) == 4
+    assert not list(two.glob("error*.txt"))
+    step2 = two / "checkpoints" / "step_000002"
+    assert (step2 / "dcp" / ".metadata").is_file()  # DCP shards, resumable on any count
+    assert (step2 / "rng_rank1.pt").is_file()
+    assert (step2 / "model.safetensors").is_file()  # HF weights gathered by rank 0
+
+
+def test_checkpoint_of_two_processes_resumes_on_one(runs):
+    root, common, one, two = runs
+    resumed = interrupted_copy(two, root / "two_then_one")
+    launch([sys.executable, "-m", "reinforge", "train", *common, "--resume", str(resumed)])
+    assert_same_steps(rl_metrics(resumed), rl_metrics(one), steps=(3, 4))
+
+
+def test_checkpoint_of_one_process_resumes_on_two_nodes(runs):
+    root, common, one, _ = runs
+    resumed = interrupted_copy(one, root / "one_then_two")
+    endpoint = f"127.0.0.1:{free_port()}"
+    # two launchers of one process each, as on two machines; c10d numbers the nodes itself
+    node = [
+        *TORCHRUN,
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        endpoint,
+        "--rdzv-id",
+        "reinforge-test",
+        "-m",
+        "reinforge",
+        "train",
+        *common,
+        "--resume",
+        str(resumed),
+    ]
+    launch(node, node)
+    assert_same_steps(rl_metrics(resumed), rl_metrics(one), steps=(3, 4))
+    assert (resumed / "checkpoints" / "step_000004" / "dcp").is_dir()
+
+
+def test_lora_on_two_processes_trains_as_on_one(runs):
+    root, common, _, _ = runs
+    lora = [*common, "model.lora.rank=4", "run.max_steps=2", "checkpoint.every=0"]
+    one, two = root / "lora_one", root / "lora_two"
+    launch([sys.executable, *reinforge(one, *lora)])
+    launch([*TORCHRUN, "--standalone", "--nproc-per-node", "2", *reinforge(two, *lora)])
+    assert_same_steps(rl_metrics(two), rl_metrics(one), steps=(1, 2))
+    assert (two / "checkpoints" / "step_000002" / "adapter_model.safetensors").is_file()
