@@ -47,10 +47,13 @@ WORKLOADS = {
 
 
 def run_reinforge(
-    name: str, w: dict, steps: int, out: Path, profile_step: int = 0, overrides=()
+    name: str, w: dict, steps: int, out: Path, profile_step: int = 0, overrides=(), nproc: int = 1
 ) -> dict:
     run_dir = Path("/tmp/reinforge-bench") / name.lower()
     cmd = [sys.executable, "-m", "reinforge.cli"]
+    if nproc > 1:  # the same config on nproc GPUs: torchrun, FSDP2, the same global batch
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        cmd = [*torchrun, f"--nproc-per-node={nproc}", "-m", "reinforge.cli"]
     if profile_step:  # same run, one update under torch.profiler (it slows that step only)
         cmd = [sys.executable, "bench/profile_train.py", str(profile_step)]
         cmd.append(str((out / f"train_profile_{name}.txt").resolve()))
@@ -59,9 +62,8 @@ def run_reinforge(
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - start
-    (out / f"reinforge_{name}{'_'.join(['', *overrides])}.log").write_text(
-        proc.stdout + proc.stderr
-    )
+    label = "_".join(["", *overrides, *([f"{nproc}gpu"] if nproc > 1 else [])])
+    (out / f"reinforge_{name}{label}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
         return {"error": f"exit {proc.returncode}", "wall_s": wall}
@@ -199,6 +201,13 @@ def main() -> None:
         default=0,
         help="profile this RL step's update (reported steady figures then skip that step)",
     )
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="also run reinforge on this many GPUs of the machine (torchrun + FSDP2, the same "
+        "config and global batch): one more row, 'reinforge N GPUs'",
+    )
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     a = p.parse_args()
     out = Path(a.out)
@@ -212,6 +221,10 @@ def main() -> None:
             variant = run_reinforge(name, w, a.steps, out, 0, a.also.split())
             results[name][f"reinforge {a.also}"] = variant
             print(name, "reinforge", a.also, json.dumps(variant), flush=True)
+        if a.nproc > 1:
+            variant = run_reinforge(name, w, a.steps, out, nproc=a.nproc)
+            results[name][f"reinforge {a.nproc} GPUs"] = variant
+            print(name, "reinforge", a.nproc, "GPUs", json.dumps(variant), flush=True)
         if not a.skip_peer:
             results[name]["peer"] = run_peer(name, w, a.peer_steps, out)
             print(name, "peer", json.dumps(results[name]["peer"]), flush=True)

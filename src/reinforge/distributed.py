@@ -205,6 +205,7 @@ def shard_model(model: torch.nn.Module, trainable: bool = True) -> torch.nn.Modu
 
     device = next(model.parameters()).device
     mesh = init_device_mesh(device.type, (world_size(),))
+    broadcast_from_rank0(model)
     policy = MixedPrecisionPolicy()  # a CPU computes in float32, exact against one process
     if device.type == "cuda" and trainable:
         # The weights' own dtype (bf16 on a GPU) for compute, float32 for reducing gradients.
@@ -218,6 +219,15 @@ def shard_model(model: torch.nn.Module, trainable: bool = True) -> torch.nn.Modu
     setattr(model, PACKED_FORWARD, MethodType(packed_logprobs, model))
     register_fsdp_forward_method(model, PACKED_FORWARD)
     return model
+
+
+@torch.no_grad()
+def broadcast_from_rank0(model: torch.nn.Module) -> None:
+    """Rank 0's weights on every rank: FSDP keeps each rank's slice of its own copy, so the
+    copies must be equal, whatever a random initialisation (a fresh LoRA adapter, a shape
+    model) did on each."""
+    for tensor in [*model.parameters(), *model.buffers()]:
+        torch.distributed.broadcast(tensor.data, src=0)
 
 
 def fsdp_modules(model: torch.nn.Module) -> list:

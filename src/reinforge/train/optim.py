@@ -109,11 +109,15 @@ class MixedAdamW(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict) -> None:
         """As `Optimizer.load_state_dict`, which casts every state to its parameter's dtype; the
-        moments go back to `state_dtype` from the saved values, not from that cast."""
+        moments go back to `state_dtype` from the saved values, not from that cast. States are
+        keyed as the saved groups list them: by position, or by parameter name (DCP)."""
         params = [p for g in self.param_groups for p in g["params"]]
+        keys = [k for g in state_dict["param_groups"] for k in g["params"]]
+        param_of = dict(zip(keys, params, strict=True))
         super().load_state_dict(state_dict)
-        for index, saved in state_dict["state"].items():
-            for key in ("exp_avg", "exp_avg_sq"):
-                self.state[params[index]][key] = saved[key].to(
-                    device=params[index].device, dtype=self.state_dtype
+        for key, saved in state_dict["state"].items():
+            param = param_of[key]
+            for name in ("exp_avg", "exp_avg_sq"):
+                self.state[param][name] = saved[name].to(
+                    device=param.device, dtype=self.state_dtype
                 )
