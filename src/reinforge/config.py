@@ -181,7 +181,7 @@ class SFTSection(Section):
     """SFT optimizer steps on the task's reference solutions. In `reinforge train` these run before RL
     (0 = no SFT stage); `reinforge sft` uses `run.max_steps` instead when this is 0."""
     batch_size: int = Field(64, ge=1, le=65536)
-    """Examples per SFT step."""
+    """Examples per SFT step (over all processes under torchrun, each taking an equal share)."""
     lr: float = Field(3e-3, gt=0, le=1.0)
     """Peak learning rate of the SFT stage (warmup then cosine to 10%)."""
     warmup_steps: int = Field(10, ge=0)
@@ -190,7 +190,8 @@ class SFTSection(Section):
 
 class RolloutSection(Section):
     prompts_per_step: int = Field(32, ge=1, le=65536)
-    """Distinct prompts sampled per RL step."""
+    """Distinct prompts sampled per RL step: the global batch, over all processes under torchrun
+    (each generates for an equal share; the preflight checks the number divides)."""
     samples_per_prompt: int = Field(8, ge=1, le=1024)
     """Completions per prompt (the group size of group-relative methods)."""
     max_new_tokens: int = Field(16, ge=1, le=1_000_000)
@@ -450,7 +451,8 @@ class CheckpointSection(Section):
     """Write periodic checkpoints in a background thread: training waits only while the weights,
     optimizer and state are copied to host memory (which needs that much free RAM), never for the
     disk, and cannot change the copy being written. Saves on a stop signal and at the end are
-    synchronous, so they are durable before the process exits."""
+    synchronous, so they are durable before the process exits. Under torchrun with several
+    processes every save is synchronous (a sharded save is collective)."""
 
 
 class LogSection(Section):

@@ -25,7 +25,8 @@ class WatchdogSection(Section):
     save_on_hang: bool = True
     """On a hang in a phase that leaves the state as the last step left it (generation, reward,
     tool, logging, eval), checkpoint that step before exiting. Hangs in training or checkpoint
-    phases never save: their state is half-changed."""
+    phases never save: their state is half-changed; nor does a run of several processes (a
+    sharded save needs every process)."""
 
 
 class FaultsSection(Section):
