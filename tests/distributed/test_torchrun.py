@@ -1,7 +1,7 @@
 """`reinforge train` under torchrun on the CPU (gloo), in real subprocesses: two processes give
 the single-process run's numbers on the same global batch, checkpoints of two processes resume
 on one and checkpoints of one resume on two (launched as two single-process "nodes" meeting
-through a c10d rendezvous on localhost), continuing exactly.
+through a c10d rendezvous on localhost), continuing exactly; the same for LoRA (2 -> 1).
 
 The workload is the benchmark's random-token task on a micro Qwen2 shape with tied embeddings:
 its reward (completion length in characters mod 7) varies from sample to sample, so every step
@@ -185,11 +185,15 @@ def test_checkpoint_of_one_process_resumes_on_two_nodes(runs):
     assert (resumed / "checkpoints" / "step_000004" / "dcp").is_dir()
 
 
-def test_lora_on_two_processes_trains_as_on_one(runs):
+def test_lora_on_two_processes_trains_and_resumes_as_on_one(runs):
     root, common, _, _ = runs
-    lora = [*common, "model.lora.rank=4", "run.max_steps=2", "checkpoint.every=0"]
+    lora = [*common, "model.lora.rank=4"]
     one, two = root / "lora_one", root / "lora_two"
     launch([sys.executable, *reinforge(one, *lora)])
     launch([*TORCHRUN, "--standalone", "--nproc-per-node", "2", *reinforge(two, *lora)])
-    assert_same_steps(rl_metrics(two), rl_metrics(one), steps=(1, 2))
-    assert (two / "checkpoints" / "step_000002" / "adapter_model.safetensors").is_file()
+    assert_same_steps(rl_metrics(two), rl_metrics(one), steps=(1, 2, 3, 4))
+    step2 = two / "checkpoints" / "step_000002"
+    assert (step2 / "adapter_model.safetensors").is_file()  # the adapter, gathered by rank 0
+    resumed = interrupted_copy(two, root / "lora_two_then_one")
+    launch([sys.executable, "-m", "reinforge", "train", *lora, "--resume", str(resumed)])
+    assert_same_steps(rl_metrics(resumed), rl_metrics(one), steps=(3, 4))
