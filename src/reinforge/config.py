@@ -395,9 +395,11 @@ class TrainSection(Section):
     """Deprecated: micro-batches are packed by tokens. When set (and micro_batch_tokens is not),
     the planner's budget is capped at micro_batch_size x (longest prompt + max_new_tokens), the
     memory bound it gave before; preflight says so. Set micro_batch_tokens instead, or neither."""
-    compile: bool = False
-    """torch.compile each decoder layer (dynamic shapes) for the trainer's forward and backward.
-    The first steps pay the compile time."""
+    compile: bool | Literal["auto"] = "auto"
+    """torch.compile each decoder layer (dynamic shapes) for the trainer's forward and backward:
+    true, false, or "auto" (on CUDA, not on a CPU, where compiling costs each short run more
+    than it saves). The first step pays the compile time. Measured on G1 (0.5B shape, H100):
+    the training phase 2.98 -> 2.15 s per step, the first step no slower."""
     non_finite: Literal["skip", "crash"] = "skip"
     """What a step whose gradient holds NaN or infinity does: "skip" (count it in the metric
     `nonfinite_skipped`, leave parameters and optimizer state untouched, go on; the run fails

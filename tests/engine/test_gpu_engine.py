@@ -141,3 +141,22 @@ def test_default_pool_takes_free_memory_less_the_reserve(micro_dir, tokenizer):
     assert explicit.num_blocks == 64 * 2**20 // kv_bytes_per_block(model, 16)
     del engine, explicit
     torch.cuda.empty_cache()
+
+
+def test_release_frees_the_pool_and_graphs_and_the_next_generate_is_unchanged(micro_dir, tokenizer):
+    """The trainer's update gets the KV pool's memory and the graphs' private pool back; the
+    next generate allocates them again, recaptures the buckets it uses, and decodes the same."""
+    model = build_model("qwen2", micro_dir, tokenizer).to(CUDA, torch.bfloat16)
+    engine = PagedEngine(model, tokenizer, block_size=16, kv_cache_bytes=256 * 2**20)
+    prompts = [list(range(5, 5 + k)) for k in range(1, 40)]
+    first = greedy(engine, prompts, n=2)
+    assert engine.runner.graphs is not None and engine.runner.graphs.graphs
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated()
+    engine.release_memory()
+    torch.cuda.synchronize()
+    freed = held - torch.cuda.memory_allocated()
+    assert freed >= 256 * 2**20 * 0.95, freed  # at least the pool
+    assert greedy(engine, prompts, n=2) == first
+    assert engine.runner.graphs.graphs  # captured again, over the new pool
+    assert engine.stats.extra["seconds_graph_capture"] > 0

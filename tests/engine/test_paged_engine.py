@@ -155,3 +155,22 @@ def test_more_samples_than_max_num_seqs_take_turns(models, tokenizer):
         assert [c.token_ids for c in group] == [hf_greedy(model, prompt, 6)] * 10
     # each prompt prefilled once per turn of at most 4 samples: 3 turns
     assert engine.stats.extra["num_prefill_tokens"] == 3 * sum(map(len, prompts))
+
+
+@pytest.mark.parametrize("num_blocks", [None, 64])
+def test_released_pool_comes_back_for_the_next_generate(models, tokenizer, num_blocks):
+    """What a trainer does around its update: release the pool, then generate again; the pool
+    returns at its size and the outputs are those of an engine that never released."""
+    model = models["qwen2"]
+    params = SamplingParams(max_new_tokens=10, temperature=0.0, n=2)
+    engine = PagedEngine(model, tokenizer, block_size=4, num_blocks=num_blocks)
+    first = engine.generate(PROMPTS, params)
+    size = engine.num_blocks
+    engine.release_memory()
+    assert engine.runner.released and engine.runner.kv_cache is None
+    engine.release_memory()  # twice is harmless
+    again = engine.generate(PROMPTS, params)
+    assert not engine.runner.released and engine.num_blocks == size
+    assert engine.runner.kv_cache.shape[2] == size
+    assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in first]
+    SimpleEngine(model, tokenizer).release_memory()  # the protocol's no-op

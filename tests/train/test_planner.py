@@ -97,8 +97,18 @@ def test_7b_lora_r32_on_80gb_fits_with_checkpointing():
 def test_7b_lora_on_24gb_shrinks_the_kv_pool():
     plan = plan_memory(PlanInputs(free_bytes=24 * GiB, model=M7, lora_rank=32, **G2))
     assert plan.gradient_checkpointing
-    assert plan.micro_batch_tokens == 256 + 1024  # one full sequence
     assert 80 <= plan.kv_pages < 32 * (16 + 8 * 64)
+    # the pool is freed for the update, so training gets the memory generation used
+    assert plan.micro_batch_tokens > 4 * (256 + 1024)
+    rows = dict((item, size) for item, size, _ in plan.rows)
+    assert rows["peak, training phase"] < rows["peak, generation phase"] + rows["activations"]
+    # an engine that kept its pool through the update would leave room for one sequence only
+    kept = PlanInputs(
+        free_bytes=24 * GiB, model=M7, lora_rank=32, kv_released_in_training=False, **G2
+    )
+    plan_kept = plan_memory(kept)
+    assert plan_kept.micro_batch_tokens == 256 + 1024
+    assert 80 <= plan_kept.kv_pages < plan.kv_pages
 
 
 def test_long_responses_that_cannot_fit_suggest_a_shorter_max_new_tokens():

@@ -51,3 +51,9 @@ class Engine(Protocol):
     def stats(self) -> GenerationStats:
         """Counters of the last `generate` call."""
         ...
+
+    def release_memory(self) -> None:
+        """Give back what generation holds besides the weights (the KV pool, decode graphs)
+        until the next `generate`, which takes it again: a trainer sharing the device calls
+        this before its update."""
+        ...

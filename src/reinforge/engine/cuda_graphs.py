@@ -100,8 +100,11 @@ class DecodeGraphs:
         device (the previous step's samples, not read back yet)."""
         n = len(seqs)
         bucket = self.buckets[bisect.bisect_left(self.buckets, n)]
-        if not self.graphs:
-            self._capture_all()
+        if bucket not in self.graphs:  # captured on first use: a step often needs one or two
+            start = time.perf_counter()
+            self._capture(bucket)
+            torch.cuda.synchronize()
+            self.capture_seconds += time.perf_counter() - start
         rows_host = self.rows_hosts[self.num_runs % 2]
         self.num_runs += 1
         rows_np = rows_host.numpy()
@@ -143,13 +146,6 @@ class DecodeGraphs:
             assert len(seqs[0].block_table) <= width
             update = torch.tensor([index, values], dtype=torch.long).to(self.tables.device)
             self.tables.view(-1).index_copy_(0, update[0], update[1].to(torch.int32))
-
-    def _capture_all(self) -> None:
-        start = time.perf_counter()
-        for bucket in sorted(self.buckets, reverse=True):
-            self._capture(bucket)
-        torch.cuda.synchronize()
-        self.capture_seconds += time.perf_counter() - start
 
     def _capture(self, bucket: int) -> None:
         r = self.runner

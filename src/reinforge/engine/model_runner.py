@@ -146,7 +146,8 @@ class ModelRunner:
         self.backend = select_attention_backend(self.device)
         self.is_fast_path = self.backend.name == "triton-paged"
         self.ops = select_ops(self.device) if self.is_fast_path else TORCH_OPS
-        self.kv_cache = self._new_pool(num_blocks)
+        self.kv_cache: torch.Tensor | None = self._new_pool(num_blocks)
+        self._num_blocks = num_blocks
         self.max_num_seqs = max_num_seqs
         if use_cuda_graphs is None:
             use_cuda_graphs = self.is_fast_path
@@ -171,19 +172,41 @@ class ModelRunner:
 
     @property
     def num_blocks(self) -> int:
-        return self.kv_cache.shape[2]
+        return self._num_blocks
+
+    @property
+    def released(self) -> bool:
+        return self.kv_cache is None
+
+    def release(self) -> None:
+        """Free the KV pool and the decode graphs with their private memory pool (between
+        generates: nothing is cached across calls), so that a trainer sharing the device gets
+        that memory for its update; `restore` takes it again at the next generate. A graph
+        replays at fixed addresses, so the graphs go with the pool; they are captured again
+        lazily, one batch-size bucket at a time, as decode steps need them."""
+        if self.kv_cache is None:
+            return
+        self.kv_cache = None
+        self.graphs = None
+
+    def restore(self) -> None:
+        """The pool (and the graphs' buffers) again after `release`; a no-op otherwise."""
+        if self.kv_cache is not None:
+            return
+        self.kv_cache = self._new_pool(self._num_blocks)
+        self._new_graphs()
 
     def grow_pool(self, num_blocks: int) -> None:
         """A larger pool, between generates (its contents are not kept: no step is in flight and
         nothing is cached across calls). Graphs captured over the old pool are dropped."""
+        assert self.kv_cache is not None, "restore() before growing a released pool"
         if num_blocks <= self.num_blocks:
             return
-        del self.kv_cache  # free the old pool before allocating the new one
+        self.kv_cache = None  # free the old pool before allocating the new one
         self.kv_cache = self._new_pool(num_blocks)
+        self._num_blocks = num_blocks
         if self.graphs is not None:
-            from reinforge.engine.cuda_graphs import DecodeGraphs
-
-            self.graphs = DecodeGraphs(self, self.max_num_seqs)
+            self._new_graphs()
 
     @property
     def max_pages(self) -> int:
@@ -195,19 +218,22 @@ class ModelRunner:
             return
         self.max_model_len = num_tokens
         self.rope = rope_table(self.model, num_tokens)
-        self.graphs = None
-        if self.use_cuda_graphs:
-            if self.rope is None:
-                warnings.warn(
-                    "a rope type recomputed per call: decode runs without CUDA graphs",
-                    stacklevel=2,
-                )
-            else:
-                from reinforge.engine.cuda_graphs import DecodeGraphs
+        if self.use_cuda_graphs and self.rope is None:
+            warnings.warn(
+                "a rope type recomputed per call: decode runs without CUDA graphs", stacklevel=2
+            )
+        self._new_graphs()
 
-                self.graphs = DecodeGraphs(self, self.max_num_seqs)
+    def _new_graphs(self) -> None:
+        """Fresh decode graphs (none captured yet) over the current pool, where graphs work."""
+        self.graphs = None
+        if self.use_cuda_graphs and self.rope is not None and self.kv_cache is not None:
+            from reinforge.engine.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(self, self.max_num_seqs)
 
     def begin_generate(self) -> None:
+        assert self.kv_cache is not None, "restore() after release() before generating"
         prepare_adapters(self.model)
         if self.graphs is not None:
             self.graphs.check_params()

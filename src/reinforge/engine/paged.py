@@ -89,10 +89,15 @@ class PagedEngine:
     def stats(self) -> GenerationStats:
         return self.fallback.stats if self.fallback is not None else self._stats
 
+    def release_memory(self) -> None:
+        if self.fallback is None:
+            self.runner.release()
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         if self.fallback is not None:
             return self.fallback.generate(prompts, params)
         start = time.perf_counter()
+        self.runner.restore()
         if self.pool_grows:
             self._grow_pool(prompts, params)
         scheduler = Scheduler(

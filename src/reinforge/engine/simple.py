@@ -33,6 +33,9 @@ class SimpleEngine:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def release_memory(self) -> None:
+        """Nothing to give back: each generate's cache lives only inside that call."""
+
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
         start = time.perf_counter()
         flat = [p for p in prompts for _ in range(params.n)]

@@ -26,7 +26,13 @@ from __future__ import annotations
 
 import torch
 
-DEFAULT_CHUNK_SIZE = 1024
+# 256 rows: the [256, V] matmuls still fill a GPU (V is 150k for Qwen), and the chunk's logits
+# and their gradient were most of G1's training-phase peak above the weights and optimizer
+# states at 1,024 rows (0.5B shape, H100: peak 5.9 GiB at 1,024)
+DEFAULT_CHUNK_SIZE = 256
+# the weight-gradient product of a chunk in the weights' dtype goes into the float32 accumulator
+# in slices of this many vocabulary rows, so its temporary is not a whole [V, H]
+WEIGHT_GRAD_SLICE_ROWS = 16384
 
 
 def chunked_logprobs(
@@ -110,7 +116,9 @@ class ChunkedLogprobs(torch.autograd.Function):
                 grad_hidden_NH[start:end] = grad_z_CV @ weight_VH
             if needs_weight:
                 if is_low_precision:
-                    grad_weight_VH += grad_z_CV.t() @ hidden_CH
+                    for v in range(0, grad_weight_VH.shape[0], WEIGHT_GRAD_SLICE_ROWS):
+                        w = slice(v, v + WEIGHT_GRAD_SLICE_ROWS)
+                        grad_weight_VH[w] += grad_z_CV[:, w].t() @ hidden_CH
                 else:
                     grad_weight_VH.addmm_(grad_z_CV.t(), hidden_CH)
         if grad_weight_VH is not None:

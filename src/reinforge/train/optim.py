@@ -59,7 +59,12 @@ def build_optimizer(
     ]
     all_params = [p for g in groups for p in g["params"]]
     if all(p.dtype == state_dtype for p in all_params):
-        optimizer = torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
+        # On CUDA the fused kernel updates in place: the default multi-tensor path allocates
+        # temporaries the size of the parameters (0.9 GiB at 0.5B bf16), which set the peak
+        fused = all(p.is_cuda and type(p) is torch.nn.Parameter for p in all_params)
+        optimizer = torch.optim.AdamW(
+            groups, lr=lr, betas=tuple(betas), eps=eps, fused=True if fused else None
+        )
     else:
         optimizer = MixedAdamW(groups, lr=lr, betas=tuple(betas), eps=eps, state_dtype=state_dtype)
     scheduler = torch.optim.lr_scheduler.LambdaLR(

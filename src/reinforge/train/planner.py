@@ -64,6 +64,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from reinforge.errors import ConfigError
+from reinforge.train.logprobs import DEFAULT_CHUNK_SIZE
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -149,11 +150,14 @@ class PlanInputs:
     lora_trainable_params: int | None = None  # default: all-linear at lora_rank
     optimizer: str = "adamw_fp32"
     page_size: int = 16
-    logits_chunk_tokens: int = 1024
+    logits_chunk_tokens: int = DEFAULT_CHUNK_SIZE
     micro_batch_tokens: int | None = None
     kv_cache_bytes: int | None = None
     gradient_checkpointing: bool | None = None
     num_shards: int = 1  # FSDP processes; prompts_per_step is then this process's share
+    # The trainer frees the KV pool (and decode graphs) for its update on CUDA
+    # (`Engine.release_memory`), so the pool and the training activations never coexist.
+    kv_released_in_training: bool = True
 
 
 @dataclass(frozen=True)
@@ -274,6 +278,11 @@ def _sizes(x: PlanInputs) -> _Sizes:
     )
 
 
+def kv_in_training(x: PlanInputs, kv: int) -> int:
+    """What of a `kv`-byte pool is still held during the update."""
+    return 0 if x.kv_released_in_training else kv
+
+
 def activation_bytes_per_token(x: PlanInputs, checkpointing: bool) -> int:
     m, d = x.model, x.model.dtype_bytes
     h, q, kv, inter = m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size
@@ -351,17 +360,16 @@ def _search(x: PlanInputs, s: _Sizes) -> tuple[bool, int, int] | None:
             pages = s.kv_want_pages
         else:
             tokens = x.micro_batch_tokens or tokens_floor
-            room = min(
-                s.usable - s.training_fixed - tokens * per_token,
-                s.usable - s.generation_fixed,
-            )
+            room = s.usable - s.generation_fixed
+            if not x.kv_released_in_training:
+                room = min(room, s.usable - s.training_fixed - tokens * per_token)
             pages = min(s.kv_want_pages, room // page_bytes)
             if pages < s.kv_min_pages:
                 continue
         kv = pages * page_bytes
         if s.generation_fixed + kv > s.usable:
             continue
-        room = s.usable - s.training_fixed - kv
+        room = s.usable - s.training_fixed - kv_in_training(x, kv)
         if x.micro_batch_tokens is not None:
             if x.micro_batch_tokens * per_token <= room:
                 return checkpointing, x.micro_batch_tokens, pages
@@ -424,12 +432,14 @@ def _override_hint(x: PlanInputs, s: _Sizes) -> str:
         else s.kv_min_pages * s.page_bytes(x.page_size)
     )
     if x.micro_batch_tokens is not None:
-        most = (s.usable - s.training_fixed - kv) // per_token
+        most = (s.usable - s.training_fixed - kv_in_training(x, kv)) // per_token
         if most >= s.tokens_min:
             return f"at most {SETTING_MICRO_TOKENS} = {most} fits"
     if x.kv_cache_bytes is not None:
         tokens = x.micro_batch_tokens or s.tokens_min
-        most = min(s.usable - s.training_fixed - tokens * per_token, s.usable - s.generation_fixed)
+        most = s.usable - s.generation_fixed
+        if not x.kv_released_in_training:
+            most = min(most, s.usable - s.training_fixed - tokens * per_token)
         if most >= s.kv_min_pages * s.page_bytes(x.page_size):
             return f"at most {SETTING_KV} = {most} fits"
     if x.gradient_checkpointing is False:
@@ -440,7 +450,7 @@ def _override_hint(x: PlanInputs, s: _Sizes) -> str:
 def _minimum_need(x: PlanInputs, s: _Sizes) -> int:
     kv_min = s.kv_min_pages * s.page_bytes(x.page_size)
     training = s.training_fixed + s.tokens_min * activation_bytes_per_token(x, True)
-    return max(training, s.generation_fixed) + kv_min + s.reserve
+    return max(training + kv_in_training(x, kv_min), s.generation_fixed + kv_min) + s.reserve
 
 
 def _longest_response_that_fits(x: PlanInputs) -> int | None:
@@ -475,7 +485,7 @@ def _rows(x: PlanInputs, s: _Sizes, checkpointing: bool, tokens: int, pages: int
     kv = pages * s.page_bytes(x.page_size)
     total_seqs = x.prompts_per_step * x.samples_per_prompt
     seqs_held = min(total_seqs, pages * total_seqs // s.kv_want_pages)
-    training_peak = s.training_fixed + kv + tokens * per_token
+    training_peak = s.training_fixed + kv_in_training(x, kv) + tokens * per_token
     generation_peak = s.generation_fixed + kv
     shards = x.num_shards
     per = f" / {shards} processes (FSDP shard)" if shards > 1 else ""
@@ -521,7 +531,8 @@ def _rows(x: PlanInputs, s: _Sizes, checkpointing: bool, tokens: int, pages: int
             "KV cache",
             kv,
             f"{pages:,} pages x {x.page_size} tokens x {s.kv_per_token:,} B; "
-            f"about {seqs_held} of {total_seqs} sequences at once",
+            f"about {seqs_held} of {total_seqs} sequences at once"
+            + ("; freed for the update" if x.kv_released_in_training else ""),
         ),
         ("generation working set", s.generation, "sampling logits + one prefill chunk"),
         ("peak, training phase", training_peak, ""),

@@ -41,7 +41,8 @@ def build_model(cfg, run_dir: Path, ckpt: Path | None, state: TrainerState, devi
     else:
         num_params = sum(p.numel() for p in model.parameters())
         console.print(f"full fine-tuning: {num_params:,} trainable parameters")
-    if cfg.train.compile:
+    compile_ = cfg.train.compile
+    if compile_ is True or (compile_ == "auto" and next(model.parameters()).is_cuda):
         compile_layers(model)
     return model, source
 

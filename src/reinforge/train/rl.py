@@ -102,6 +102,10 @@ def rl_step(
 ) -> dict[str, float]:
     start = time.perf_counter()
     sampled, groups, sampling_metrics = sample_groups(cfg, learner.policy, tasks, state, step)
+    if learner.policy.device.type == "cuda":
+        # the KV pool and decode graphs are not needed until the next rollout: the update gets
+        # their memory (a fresh pool costs a zero fill and a graph capture per batch size used)
+        learner.policy.engine.release_memory()
     gen_s = time.perf_counter() - start
     train_start = time.perf_counter()
     with faults.site("training") as poison:
