@@ -30,7 +30,7 @@ from reinforge.engine.cuda_graphs import (
 )
 from reinforge.engine.lora_forward import causal_lm, prepare_adapters
 from reinforge.engine.qwen_forward import TORCH_OPS, ForwardOps, ModelShape, forward, rope_table
-from reinforge.engine.sampling import row_key, sample_keyed
+from reinforge.engine.sampling import row_uniform, sample_keyed
 from reinforge.engine.scheduler import Batch
 from reinforge.engine.sequence import Sequence, num_blocks_for
 
@@ -313,14 +313,14 @@ class ModelRunner:
                 positions = self._to_device([seq.num_output_tokens for seq in seqs])
             ids, lps = triton_ops.sample_gumbel(logits_GV, params.temperature, seeds, positions)
         else:
-            keys = [row_key(seq.sample_seed, seq.num_output_tokens) for seq in batch.seqs]
+            uniforms = [row_uniform(seq.sample_seed, seq.num_output_tokens) for seq in batch.seqs]
             ids, lps = sample_keyed(
                 logits_GV,
                 params.temperature,
                 params.top_p,
                 params.top_k,
                 params.min_p,
-                self._to_device(keys),
+                uniforms,
             )
         return ids, lps
 

@@ -53,19 +53,20 @@ def filter_logprobs(
     return out
 
 
-# Keyed sampling: the noise of a draw is a function of (sequence key, position, token id) alone,
+# Keyed sampling: each draw is a function of (sequence key, position) and the distribution alone,
 # so a sequence samples the same tokens whatever batch, rank or process it runs in (the paged
-# engine's contract; its Triton sampler on a GPU keys the same way with its own generator).
-_MASK32 = 0xFFFFFFFF
-_TOKEN_KEYS: dict[tuple[int, str], torch.Tensor] = {}
+# engine's contract; its Triton sampler on a GPU keys its noise the same way).
 
 
-def row_key(sequence_key: int, position: int) -> int:
-    """A 32-bit key for the draw at `position` of the sequence keyed `sequence_key` (host side,
-    exact integer arithmetic)."""
-    mixed = (sequence_key * 0x9E3779B97F4A7C15 + position * 0xD6E8FEB86659FD93) & (2**64 - 1)
-    mixed = ((mixed ^ (mixed >> 32)) * 0xD6E8FEB86659FD93) & (2**64 - 1)
-    return (mixed ^ (mixed >> 32)) & _MASK32
+def row_uniform(sequence_key: int, position: int) -> float:
+    """A uniform number in (0, 1) for the draw at `position` of the sequence keyed
+    `sequence_key`: splitmix64 of the pair, 53 bits (host side, exact integer arithmetic)."""
+    mask = 2**64 - 1
+    z = (sequence_key * 0x9E3779B97F4A7C15 + (position + 1) * 0xD1B54A32D192ED03) & mask
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+    z ^= z >> 31
+    return ((z >> 11) + 0.5) / 2**53
 
 
 def sample_keyed(
@@ -74,42 +75,19 @@ def sample_keyed(
     top_p: float,
     top_k: int,
     min_p: float,
-    row_keys_B: torch.Tensor,
+    uniforms_B: list[float],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """As `sample`, with Gumbel-max noise drawn from `row_keys_B` (int64 [B], from `row_key`)
-    instead of a generator shared by the batch. Returns (ids_B, logprobs_B)."""
+    """As `sample`, drawing row b by inverting its cumulative distribution at `uniforms_B[b]`
+    (from `row_uniform`) instead of from a generator shared by the batch. Returns (ids_B,
+    logprobs_B)."""
     logits_BV = logits_BV.float()
     if temperature == 0.0:
         return sample(logits_BV, 0.0)
     logprobs_BV = torch.log_softmax(logits_BV / temperature, dim=-1)
     filtered_BV = filter_logprobs(logprobs_BV, top_p, top_k, min_p)
-    ids_B = (filtered_BV + gumbel_noise(row_keys_B, logits_BV.shape[-1])).argmax(dim=-1)
+    cdf_BV = torch.softmax(filtered_BV, dim=-1).double().cumsum(dim=-1)
+    u_B1 = torch.tensor(uniforms_B, dtype=torch.float64, device=cdf_BV.device)[:, None]
+    # the first token whose cumulative mass reaches u: never one of probability 0, as u > 0
+    ids_B = torch.searchsorted(cdf_BV, u_B1 * cdf_BV[:, -1:]).squeeze(-1)
+    ids_B = ids_B.clamp_(max=logits_BV.shape[-1] - 1)
     return ids_B, logprobs_BV.gather(-1, ids_B[:, None]).squeeze(-1)
-
-
-def gumbel_noise(row_keys_B: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """Standard Gumbel noise [B, V], float32: a 32-bit hash (murmur3's finaliser) of each row key
-    and token id, computed in int64 without overflow, as a uniform in (0, 1)."""
-    device = row_keys_B.device
-    cache_key = (vocab_size, str(device))
-    if cache_key not in _TOKEN_KEYS:
-        ids = torch.arange(vocab_size, dtype=torch.int64, device=device)
-        _TOKEN_KEYS[cache_key] = _fmix32(_mul32(ids, 0x9E3779B1) ^ 0x7F4A7C15)
-    bits_BV = _fmix32(row_keys_B[:, None] ^ _TOKEN_KEYS[cache_key][None, :])
-    uniform_BV = ((bits_BV >> 8).float() + 0.5) * (1.0 / (1 << 24))
-    return -torch.log(-torch.log(uniform_BV))
-
-
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    """x * c mod 2^32 for x in [0, 2^32) and a 32-bit constant c, with no int64 overflow."""
-    low = x * (c & 0xFFFF)  # < 2^48
-    high = (x * (c >> 16)) & 0xFFFF  # only its low 16 bits survive the shift below
-    return (low + (high << 16)) & _MASK32
-
-
-def _fmix32(h: torch.Tensor) -> torch.Tensor:
-    h = h ^ (h >> 16)
-    h = _mul32(h, 0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = _mul32(h, 0xC2B2AE35)
-    return h ^ (h >> 16)

@@ -42,7 +42,8 @@ def build_model(cfg, run_dir: Path, ckpt: Path | None, state: TrainerState, devi
         num_params = sum(p.numel() for p in model.parameters())
         console.print(f"full fine-tuning: {num_params:,} trainable parameters")
     compile_ = cfg.train.compile
-    if compile_ is True or (compile_ == "auto" and next(model.parameters()).is_cuda):
+    auto = not cfg.model.lora.rank and next(model.parameters()).is_cuda
+    if compile_ is True or (compile_ == "auto" and auto):
         compile_layers(model)
     return model, source
 
