@@ -148,3 +148,20 @@ def test_fused_chunk_math_equals_the_in_place_path():
     in_place = _chunk_grad_logits((logits / t).clone(), targets, g_lp, g_ent).div_(t)
     assert fused.dtype == logits.dtype
     assert torch.allclose(fused, in_place)
+
+
+def test_bf16_head_gradient_over_many_chunks_stays_near_float32():
+    """The bf16 head-weight gradient is summed chunk by chunk in bf16 (one rounding per chunk):
+    over 64 chunks it stays within bf16 rounding of the float32 computation's gradient."""
+    hidden, weight, targets = inputs(torch.float32, seed=5)
+    hidden = torch.randn(512, hidden.shape[1], generator=torch.Generator().manual_seed(1))
+    targets = torch.randint(0, weight.shape[0], (512,), generator=torch.Generator().manual_seed(2))
+    ref_w = weight.detach().bfloat16().float().requires_grad_()
+    ref_h = hidden.bfloat16().float()
+    logp_ref, _ = plain(ref_h, ref_w, targets, 1.0)
+    logp_ref.sum().backward()
+    weight_bf = weight.detach().bfloat16().requires_grad_()
+    logp, _ = chunked_logprobs(hidden.bfloat16(), weight_bf, targets, 1.0, chunk_size=8)
+    logp.sum().backward()
+    error = (weight_bf.grad.float() - ref_w.grad).norm() / ref_w.grad.norm()
+    assert error < 2e-2, error

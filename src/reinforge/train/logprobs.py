@@ -9,8 +9,8 @@ Contract
   backward, which recomputes each chunk's logits from the saved inputs. The autograd graph holds
   only the inputs (hidden, weight, targets): never [N, V]. Peak extra memory is about
   `chunk_size * V * 10` bytes (the matmul output in the weight dtype plus two float32 [c, V]
-  buffers), plus, when the head weight is trained, a float32 [V, H] gradient accumulator (chunk
-  contributions are summed in float32, then cast once to the weight's dtype).
+  buffers), plus, when the head weight is trained, a [V, H] gradient accumulator in the weight's
+  dtype (each chunk's product accumulates in float32 inside the matmul, then joins the sum).
 - Precision: the matmuls run in the weights' dtype (bf16 on a GPU); softmax, logsumexp,
   entropy and the logits' gradient run in float32.
 - Gradients flow to both outputs (an entropy bonus trains through `entropy_N`) and to hidden
@@ -26,13 +26,10 @@ from __future__ import annotations
 
 import torch
 
-# Rows per chunk. Measured on G1 (0.5B shape, vocabulary 151,936, H100, compiled layers): 1,024
-# rows gave a 2.15 s training phase and a 5.9 GiB peak; 256 rows 2.72 s and 5.5 GiB (each chunk
-# reads the whole head weight again, three times), so speed wins at 1,024.
-DEFAULT_CHUNK_SIZE = 1024
-# the weight-gradient product of a chunk in the weights' dtype goes into the float32 accumulator
-# in slices of this many vocabulary rows, so its temporary is not a whole [V, H]
-WEIGHT_GRAD_SLICE_ROWS = 32768
+# Rows per chunk. Measured on G1 (0.5B shape, vocabulary 151,936, H100, compiled layers, a
+# float32 head-gradient accumulator): 1,024 rows gave a 2.15 s training phase and a 5.9 GiB
+# peak; 256 rows 2.72 s and 5.5 GiB (each chunk reads the whole head weight again, three times).
+DEFAULT_CHUNK_SIZE = 512
 
 
 def chunked_logprobs(
@@ -86,11 +83,11 @@ class ChunkedLogprobs(torch.autograd.Function):
         temperature, chunk_size = ctx.temperature, ctx.chunk_size
         needs_hidden, needs_weight = ctx.needs_input_grad[:2]
         grad_hidden_NH = torch.empty_like(hidden_NH) if needs_hidden else None
-        grad_weight_VH = (
-            torch.zeros(weight_VH.shape, dtype=_math_dtype(weight_VH), device=weight_VH.device)
-            if needs_weight
-            else None
-        )
+        # The head-weight gradient: summed over chunks in the weight's own dtype. Each chunk's
+        # product accumulates in float32 inside the matmul (addmm's beta=1 reads the running
+        # sum), so a bf16 weight gets one bf16 rounding per chunk, as the other parameters get
+        # per micro-batch; a float32 [V, H] accumulator would cost 0.5 GiB more at Qwen's V.
+        grad_weight_VH = torch.zeros_like(weight_VH) if needs_weight else None
         fused = fused_kernels(hidden_NH.device)
         for start in range(0, hidden_NH.shape[0], chunk_size):
             end = min(start + chunk_size, hidden_NH.shape[0])
@@ -110,19 +107,11 @@ class ChunkedLogprobs(torch.autograd.Function):
                     grad_logprobs_N[start:end],
                     grad_entropy_N[start:end],
                 ).div_(temperature)
-            is_low_precision = weight_VH.dtype != _math_dtype(weight_VH)
             grad_z_CV = grad_z_CV.to(weight_VH.dtype)  # matmuls in the weights' dtype
             if needs_hidden:
                 grad_hidden_NH[start:end] = grad_z_CV @ weight_VH
             if needs_weight:
-                if is_low_precision:
-                    for v in range(0, grad_weight_VH.shape[0], WEIGHT_GRAD_SLICE_ROWS):
-                        w = slice(v, v + WEIGHT_GRAD_SLICE_ROWS)
-                        grad_weight_VH[w] += grad_z_CV[:, w].t() @ hidden_CH
-                else:
-                    grad_weight_VH.addmm_(grad_z_CV.t(), hidden_CH)
-        if grad_weight_VH is not None:
-            grad_weight_VH = grad_weight_VH.to(weight_VH.dtype)
+                grad_weight_VH.addmm_(grad_z_CV.t(), hidden_CH)
         return grad_hidden_NH, grad_weight_VH, None, None, None
 
 
