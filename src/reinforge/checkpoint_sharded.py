@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from reinforge.checkpoint import EXTRA_STATE_FILE, TMP_PREFIX, publish, rng_file
-from reinforge.distributed import barrier, is_main, rank
+from reinforge.distributed import barrier, is_main, rank, train_group
 
 DCP_DIR = "dcp"
 SCHEDULER_FILE = "scheduler.pt"
@@ -81,7 +81,7 @@ def save_sharded(
         shards = {"model": model_state, "optim": optim_state}
     else:
         shards = {"model": get_model_state_dict(model, options=_options())}
-    dcp.save(shards, checkpoint_id=tmp / DCP_DIR)
+    dcp.save(shards, checkpoint_id=tmp / DCP_DIR, process_group=train_group())
     full_options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     full = get_model_state_dict(model, options=full_options)  # on rank 0 only
     if rank() != 0:
@@ -109,7 +109,9 @@ def load_sharded(ckpt: Path, model, optimizer, scheduler) -> None:
 
     model_state, optim_state = get_state_dict(model, optimizer, options=_options())
     shards = {"model": model_state, "optim": optim_state}
-    dcp.load(shards, checkpoint_id=ckpt / DCP_DIR)  # fails on any key the checkpoint lacks
+    dcp.load(
+        shards, checkpoint_id=ckpt / DCP_DIR, process_group=train_group()
+    )  # fails on any key the checkpoint lacks
     set_state_dict(
         model,
         optimizer,

@@ -152,7 +152,9 @@ def run_command(args) -> int:
     from reinforge import distributed
     from reinforge.preflight import run_preflight
 
-    distributed.init_from_env(cfg.run.device)  # under torchrun; one process: nothing
+    mode = getattr(getattr(cfg, "distributed", None), "mode", "colocated")
+    # under torchrun (one process: nothing)
+    distributed.init_from_env(cfg.run.device, disaggregated=mode == "disaggregated")
     try:
         pf = run_preflight(cfg)
         if args.dry_run:

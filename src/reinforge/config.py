@@ -458,6 +458,17 @@ class CheckpointSection(Section):
     processes every save is synchronous (a sharded save is collective)."""
 
 
+class DistributedSection(Section):
+    mode: Literal["colocated", "disaggregated"] = "colocated"
+    """How the processes of a torchrun launch share the work (ignored in a single process):
+    "colocated": every process generates for its share of a step's prompts and trains (FSDP2,
+    the global batch's loss); "disaggregated": the last rank only generates, with its own copy
+    of the weights, while the other processes train; the trainers broadcast the weights to it after each
+    optimizer step and it generates the next step's rollout meanwhile, so a step trains on
+    samples from weights one step old (`rollout_staleness`). The sampler/trainer mismatch is
+    reported as `kl_sampler`; algorithm.tis_cap corrects for it (set it, e.g. 2.0)."""
+
+
 class LogSection(Section):
     tensorboard: bool = True
     """Write TensorBoard event files under the run directory."""
@@ -490,6 +501,7 @@ class TrainConfig(Section):
     log: LogSection = LogSection()
     watchdog: WatchdogSection = WatchdogSection()
     faults: FaultsSection = FaultsSection()
+    distributed: DistributedSection = DistributedSection()
 
     @model_validator(mode="after")
     def _algorithm_fits_rollout(self) -> TrainConfig:

@@ -24,6 +24,9 @@ Contract:
   forward is a collective.
 - Metrics: `reduce_metrics` combines each rank's step metrics (mean, sum or max per key); rank 0
   alone writes files and prints.
+- Disaggregated (`train.disaggregated`): the last rank only generates and the others train;
+  "rank", "world size" and every reduction here then mean the training processes'
+  (`train_group`); the main process is rank 0, a trainer.
 """
 
 from __future__ import annotations
@@ -43,6 +46,12 @@ PACKED_FORWARD = "reinforge_packed_forward"
 
 # ------------------------------------------------------------------------------ the world
 
+# The ranks that train together (None: all of them), and whether this process only generates:
+# both set by `init_from_env` for the disaggregated mode (`train.disaggregated`).
+_TRAIN_GROUP = None
+_IS_GENERATOR = False
+_LINK_GROUP = None  # the generator and rank 0 (the first trainer): weights go through it
+
 
 def env_world_size() -> int:
     """Processes torchrun started for this job (1 outside torchrun); readable before any init."""
@@ -54,30 +63,69 @@ def env_local_world_size() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
 
 
-def is_distributed() -> bool:
+def env_train_size(cfg) -> int:
+    """Processes that will train `cfg` (all of torchrun's, less the generator when
+    disaggregated); readable before any init."""
+    mode = getattr(getattr(cfg, "distributed", None), "mode", "colocated")
+    return max(env_world_size() - (1 if mode == "disaggregated" else 0), 1)
+
+
+def is_launched() -> bool:
+    """Started by torchrun with more than one process (a process group exists)."""
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
+def is_generator() -> bool:
+    """This process only generates, for the others to train (the disaggregated mode)."""
+    return _IS_GENERATOR
+
+
 def world_size() -> int:
-    return torch.distributed.get_world_size() if is_distributed() else 1
+    """Processes that train together (data parallel, FSDP): 1 in a single process and for a
+    disaggregated run's generator."""
+    if not is_launched() or _IS_GENERATOR:
+        return 1
+    return torch.distributed.get_world_size(_TRAIN_GROUP)
 
 
 def rank() -> int:
-    return torch.distributed.get_rank() if is_distributed() else 0
+    """This process's rank among those that train together."""
+    if not is_launched() or _IS_GENERATOR:
+        return 0
+    return torch.distributed.get_rank(_TRAIN_GROUP)
+
+
+def is_distributed() -> bool:
+    """More than one process trains: sharded weights, reductions, sharded checkpoints."""
+    return world_size() > 1
 
 
 def is_main() -> bool:
-    """Rank 0: the process that writes the run's files and prints."""
-    return rank() == 0
+    """The first training process: it writes the run's files and prints."""
+    return rank() == 0 and not _IS_GENERATOR
 
 
 def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
-def init_from_env(device_setting: str) -> None:
-    """Start the process group when torchrun launched more than one process (idempotent)."""
-    if env_world_size() <= 1 or is_distributed():
+def train_group():
+    """The process group of the processes that train together (None: the default group)."""
+    return _TRAIN_GROUP
+
+
+def link_group():
+    """The generator and rank 0 (the first trainer) of a disaggregated run."""
+    return _LINK_GROUP
+
+
+def init_from_env(device_setting: str, disaggregated: bool = False) -> None:
+    """Start the process group when torchrun launched more than one process (idempotent).
+    `disaggregated`: the last rank only generates, the other ranks train (rank 0 is then a
+    trainer, and the main process, as in every mode: transformers writes a checkpoint's weights
+    from global rank 0 only)."""
+    global _TRAIN_GROUP, _IS_GENERATOR, _LINK_GROUP
+    if env_world_size() <= 1 or is_launched():
         return
     uses_cuda = device_setting != "cpu" and torch.cuda.is_available()
     if device_setting not in ("auto", "cuda", "cpu"):
@@ -95,19 +143,33 @@ def init_from_env(device_setting: str) -> None:
         torch.cuda.set_device(local_rank())
     backend = "cuda:nccl,cpu:gloo" if uses_cuda else "gloo"
     torch.distributed.init_process_group(backend=backend)
-    if not is_main():  # one console: rank 0 prints, the others only on failure
+    if disaggregated:
+        generator = torch.distributed.get_world_size() - 1
+        _TRAIN_GROUP = torch.distributed.new_group(list(range(generator)))  # every rank calls it
+        _LINK_GROUP = torch.distributed.new_group([0, generator])
+        _IS_GENERATOR = torch.distributed.get_rank() == generator
+    if not is_main():  # one console: the main process prints, the others only on failure
         from reinforge.metrics import console
 
         console.quiet = True
 
 
 def shutdown() -> None:
-    if is_distributed():
+    global _TRAIN_GROUP, _IS_GENERATOR, _LINK_GROUP
+    if is_launched():
         torch.distributed.destroy_process_group()
+    _TRAIN_GROUP, _IS_GENERATOR, _LINK_GROUP = None, False, None
 
 
 def barrier() -> None:
+    """Wait for the processes that train together."""
     if is_distributed():
+        torch.distributed.barrier(group=_TRAIN_GROUP)
+
+
+def barrier_all() -> None:
+    """Wait for every process of the job (the generator of a disaggregated run too)."""
+    if is_launched():
         torch.distributed.barrier()
 
 
@@ -133,7 +195,7 @@ def sum_over_ranks(value: float) -> float:
     if not is_distributed():
         return value
     total = torch.tensor([value], dtype=torch.float64)
-    torch.distributed.all_reduce(total)
+    torch.distributed.all_reduce(total, group=_TRAIN_GROUP)
     return float(total.item())
 
 
@@ -147,7 +209,7 @@ def max_over_ranks(value: int) -> int:
     if not is_distributed():
         return value
     top = torch.tensor([value], dtype=torch.int64)
-    torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX)
+    torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX, group=_TRAIN_GROUP)
     return int(top.item())
 
 
@@ -156,7 +218,7 @@ def gather_rows(rows: torch.Tensor) -> torch.Tensor:
     if not is_distributed():
         return rows
     parts = [torch.empty_like(rows) for _ in range(world_size())]
-    torch.distributed.all_gather(parts, rows.contiguous())
+    torch.distributed.all_gather(parts, rows.contiguous(), group=_TRAIN_GROUP)
     return torch.cat(parts)
 
 
@@ -170,7 +232,7 @@ def reduce_metrics(
     if not is_distributed():
         return metrics
     gathered: list[dict[str, float]] = [{} for _ in range(world_size())]
-    torch.distributed.all_gather_object(gathered, metrics)
+    torch.distributed.all_gather_object(gathered, metrics, group=_TRAIN_GROUP)
     keys = dict.fromkeys(k for part in gathered for k in part)  # rank 0's order first
     out = {}
     for key in keys:
@@ -194,7 +256,7 @@ def shard_model(model: torch.nn.Module, trainable: bool = True) -> torch.nn.Modu
     for a frozen KL reference. Identity outside a distributed run."""
     if not is_distributed():
         return model
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.fsdp import (
         MixedPrecisionPolicy,
         fully_shard,
@@ -204,7 +266,10 @@ def shard_model(model: torch.nn.Module, trainable: bool = True) -> torch.nn.Modu
     from reinforge.train.forward import packed_logprobs
 
     device = next(model.parameters()).device
-    mesh = init_device_mesh(device.type, (world_size(),))
+    if _TRAIN_GROUP is None:
+        mesh = init_device_mesh(device.type, (world_size(),))
+    else:  # the training processes of a disaggregated run
+        mesh = DeviceMesh.from_group(_TRAIN_GROUP, device.type)
     broadcast_from_rank0(model)
     policy = MixedPrecisionPolicy()  # a CPU computes in float32, exact against one process
     if device.type == "cuda" and trainable:
@@ -226,8 +291,9 @@ def broadcast_from_rank0(model: torch.nn.Module) -> None:
     """Rank 0's weights on every rank: FSDP keeps each rank's slice of its own copy, so the
     copies must be equal, whatever a random initialisation (a fresh LoRA adapter, a shape
     model) did on each."""
+    source = 0 if _TRAIN_GROUP is None else torch.distributed.get_global_rank(_TRAIN_GROUP, 0)
     for tensor in [*model.parameters(), *model.buffers()]:
-        torch.distributed.broadcast(tensor.data, src=0)
+        torch.distributed.broadcast(tensor.data, src=source, group=_TRAIN_GROUP)
 
 
 def fsdp_modules(model: torch.nn.Module) -> list:

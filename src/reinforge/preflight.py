@@ -166,18 +166,31 @@ def _check_rl_batch(cfg, pf: Preflight) -> None:
 
 
 def _check_distributed(cfg, pf: Preflight) -> None:
-    """The global batch under torchrun: every process generates for an equal share of a step's
+    """The global batch under torchrun: every training process takes an equal share of a step's
     prompts (a prompt's samples stay on one process) and of an SFT batch."""
-    from reinforge.distributed import env_local_world_size, env_world_size
+    from reinforge.distributed import env_local_world_size, env_train_size, env_world_size
 
     world = env_world_size()
+    disaggregated = getattr(getattr(cfg, "distributed", None), "mode", "") == "disaggregated"
     if world <= 1:
+        if disaggregated:
+            pf.warnings.append(
+                "distributed.mode = 'disaggregated' needs torchrun with 2 or more processes "
+                "(the last rank generates, the others train); in one process it is ignored"
+            )
         return
+    trainers = env_train_size(cfg)
+    how = (
+        f"disaggregated: the last rank generates every rollout, {trainers} train on them one "
+        "step behind"
+        if disaggregated
+        else "each generates for its share of the prompts and trains"
+    )
     pf.rows.append(
         (
             "processes",
-            f"{world} (torchrun; {env_local_world_size()} per node): FSDP2 shards weights, "
-            "gradients and optimizer states; each process generates for its share of the prompts",
+            f"{world} (torchrun; {env_local_world_size()} per node): {how}; FSDP2 shards "
+            "weights, gradients and optimizer states among those that train",
         )
     )
     is_rl = hasattr(cfg, "rollout")
@@ -185,20 +198,20 @@ def _check_distributed(cfg, pf: Preflight) -> None:
     if not is_rl or cfg.sft.steps > 0:
         batches.append(("sft.batch_size", cfg.sft.batch_size))
     for setting, count in batches:
-        if count % world:
-            up, down = -(-count // world) * world, count // world * world
+        if count % trainers:
+            up, down = -(-count // trainers) * trainers, count // trainers * trainers
             pf.errors.append(
-                f"{setting} = {count} does not divide among {world} processes (WORLD_SIZE): each "
-                f"takes an equal share; set {setting} = {up}"
+                f"{setting} = {count} does not divide among {trainers} training processes "
+                f"(WORLD_SIZE {world}): each takes an equal share; set {setting} = {up}"
                 + (f" (or {down})" if down else "")
                 + f", or start a number of processes that divides {count}"
             )
-    if is_rl and cfg.rollout.prompts_per_step % world == 0:
+    if is_rl and cfg.rollout.prompts_per_step % trainers == 0:
         r = cfg.rollout
-        per = r.prompts_per_step // world
+        per = r.prompts_per_step // trainers
         pf.rows.append(
             (
-                "per process",
+                "per training process",
                 f"{per} prompts x {r.samples_per_prompt} samples = "
                 f"{per * r.samples_per_prompt} sequences a step (micro-batches: below)",
             )
@@ -212,10 +225,20 @@ def _check_distributed(cfg, pf: Preflight) -> None:
         unsupported.append(("algorithm.advantage = 'gae' (a value head)", "another advantage"))
     if (not is_rl or cfg.sft.steps > 0) and cfg.model.lora.rank:
         unsupported.append(("SFT with LoRA (the adapter merge at its end)", "model.lora.rank = 0"))
+    if disaggregated and is_rl and cfg.sft.steps > 0:
+        unsupported.append(
+            ("an SFT stage in the disaggregated mode", "a `reinforge sft` run first")
+        )
     for what, instead in unsupported:
         pf.errors.append(
             f"{what} is not supported with several processes yet; use {instead}, or run on one "
             "process"
+        )
+    if disaggregated and is_rl and not cfg.algorithm.tis_cap:
+        pf.warnings.append(
+            "distributed.mode = 'disaggregated' trains on rollouts one step stale, and "
+            "algorithm.tis_cap = 0 leaves that uncorrected; set algorithm.tis_cap = 2.0 "
+            "(truncated importance sampling)"
         )
     if cfg.checkpoint.async_save:
         pf.warnings.append(

@@ -44,11 +44,11 @@ class Summary:
 
 
 class RunContext:
-    """In a distributed run every rank checks the run directory, rank 0 alone changes it, and
+    """Under torchrun every process checks the run directory, the main one alone changes it, and
     the others wait until it has."""
 
     def __init__(self, run_dir: Path, resume: bool, overwrite: bool, config_toml: str):
-        from reinforge.distributed import barrier, is_main
+        from reinforge.distributed import barrier_all, is_main
 
         self.run_dir = run_dir
         self.resume = resume
@@ -65,10 +65,10 @@ class RunContext:
                 f"run directory {run_dir} already holds a run; continue it with --resume {run_dir}, "
                 f"choose another run.name, or set run.overwrite=true to replace it"
             )
-        barrier()  # every rank has looked before rank 0 changes anything
+        barrier_all()  # every process has looked before the main one changes anything
         if is_main():
             self._prepare(config_toml)
-        barrier()
+        barrier_all()
 
     def _prepare(self, config_toml: str) -> None:
         run_dir = self.run_dir
@@ -111,11 +111,11 @@ def guarded(cfg, ctx: RunContext) -> Iterator[None]:
     """The run's hang watchdog and fault plan (a drill, when `[faults]` sets a rate), for the
     block's duration."""
     from reinforge import faults, watchdog
-    from reinforge.distributed import is_distributed
+    from reinforge.distributed import is_launched
 
     w, f = cfg.watchdog, cfg.faults
     faults.install(faults.FaultPlan(f.rates(), tuple(f.kinds), f.hang_s, f.seed))
-    save_on_hang = w.save_on_hang and not is_distributed()  # a sharded save is collective
+    save_on_hang = w.save_on_hang and not is_launched()  # the other processes are elsewhere
     try:
         with watchdog.armed(w.timeout_s, w.startup_timeout_s, ctx.run_dir, save_on_hang):
             yield

@@ -54,7 +54,7 @@ def test_preflight_checks_the_global_batch_for_the_number_of_processes(monkeypat
     cfg = load_config(TrainConfig, None, [*TINY_RUN, "algorithm.dynamic_sampling=true"])
     pf = run_preflight(cfg)
     errors = "\n".join(pf.errors)
-    assert "rollout.prompts_per_step = 4 does not divide among 3 processes" in errors
+    assert "rollout.prompts_per_step = 4 does not divide among 3 training processes" in errors
     assert "set rollout.prompts_per_step = 6 (or 3)" in errors
     assert "algorithm.dynamic_sampling = true is not supported with several processes" in errors
     rows = dict(pf.rows)
@@ -65,7 +65,7 @@ def test_preflight_checks_the_global_batch_for_the_number_of_processes(monkeypat
     pf = run_preflight(load_config(TrainConfig, None, TINY_RUN))
     assert not pf.errors
     rows = dict(pf.rows)
-    assert rows["per process"].startswith("2 prompts x 4 samples = 8 sequences")
+    assert rows["per training process"].startswith("2 prompts x 4 samples = 8 sequences")
     assert "FSDP over 2 processes" in rows["sharding"]
     assert "/ 2 processes on this node" in rows["memory budget"]
 
@@ -93,3 +93,17 @@ def test_one_process_starts_no_process_group_and_shares_everything(monkeypatch):
     assert distributed.reduce_metrics(metrics, summed={"loss"}) is metrics
     model = torch.nn.Linear(2, 2)
     assert distributed.shard_model(model) is model
+
+
+def test_preflight_of_the_disaggregated_mode_counts_the_trainers(monkeypatch):
+    from reinforge.preflight import run_preflight
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    cfg = load_config(TrainConfig, None, [*TINY_RUN, "distributed.mode=disaggregated"])
+    pf = run_preflight(cfg)
+    assert "rollout.prompts_per_step = 4 does not divide among 3 training processes" in "\n".join(
+        pf.errors
+    )
+    assert any("set algorithm.tis_cap = 2.0" in w for w in pf.warnings)
+    assert "the last rank generates every rollout, 3 train" in dict(pf.rows)["processes"]

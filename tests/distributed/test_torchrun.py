@@ -197,3 +197,23 @@ def test_lora_on_two_processes_trains_and_resumes_as_on_one(runs):
     resumed = interrupted_copy(two, root / "lora_two_then_one")
     launch([sys.executable, "-m", "reinforge", "train", *lora, "--resume", str(resumed)])
     assert_same_steps(rl_metrics(resumed), rl_metrics(one), steps=(3, 4))
+
+
+def test_disaggregated_generator_and_trainer_overlap_one_step_apart(runs):
+    """Two processes, `distributed.mode = "disaggregated"`: the last rank generates, rank 0
+    trains. The first rollout comes from the initial weights (the single-process run's step 1);
+    later ones from weights one optimizer step old, which the mismatch KL sees and TIS weighs."""
+    root, common, one, _ = runs
+    run_dir = root / "disaggregated"
+    extra = ["distributed.mode=disaggregated", "algorithm.tis_cap=2.0", "run.max_steps=3"]
+    launch(
+        [*TORCHRUN, "--standalone", "--nproc-per-node", "2", *reinforge(run_dir, *common, *extra)]
+    )
+    got = rl_metrics(run_dir)
+    assert_same_steps(got, rl_metrics(one), steps=(1,))
+    assert [got[s]["rollout_staleness"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    assert [got[s]["data_position"] for s in (1, 2, 3)] == [4.0, 8.0, 12.0]
+    for step in (2, 3):
+        assert got[step]["kl_sampler"] > 1e-4  # sampled by the weights before the last step
+        assert got[step]["tis_weight_mean"] != pytest.approx(1.0, abs=1e-4)
+    assert (run_dir / "checkpoints" / "step_000002" / "model.safetensors").is_file()

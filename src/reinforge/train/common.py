@@ -16,9 +16,9 @@ from reinforge.types import Message
 
 
 def resolve_device(name: str) -> torch.device:
-    from reinforge.distributed import is_distributed, local_rank
+    from reinforge.distributed import is_launched, local_rank
 
-    if is_distributed() and name in ("auto", "cuda") and torch.cuda.is_available():
+    if is_launched() and name in ("auto", "cuda") and torch.cuda.is_available():
         return torch.device("cuda", local_rank())  # one GPU per process, as torchrun numbers them
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

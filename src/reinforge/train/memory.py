@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reinforge.config_envs import is_env_task
-from reinforge.distributed import env_local_world_size, env_world_size
+from reinforge.distributed import env_local_world_size, env_train_size
 from reinforge.envs.sources import EnvTasks
 from reinforge.errors import ConfigError
 from reinforge.train.planner import (
@@ -69,6 +69,7 @@ class MemoryChoice:
     # the paged engine's KV pool: the plan's, `rollout.kv_cache_bytes` when set, else None (no
     # plan and no setting: the engine's own default)
     kv_cache_bytes: int | None = None
+    num_shards: int = 1  # processes training together (FSDP); the plan is one process's
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def choose_memory(
             kv_bytes,
         )
     rank = cfg.model.lora.rank or None
-    shards = env_world_size()
+    shards = env_train_size(cfg)
     plan = plan_memory(
         PlanInputs(
             free_bytes=free,
@@ -138,7 +139,9 @@ def choose_memory(
             f"train.micro_batch_tokens = {tokens} is shorter than the longest SFT sequence "
             f"({work.max_seq_len} tokens); use train.micro_batch_tokens >= {work.max_seq_len}"
         )
-    return MemoryChoice(tokens, plan.gradient_checkpointing, plan, budget_note, plan.kv_cache_bytes)
+    return MemoryChoice(
+        tokens, plan.gradient_checkpointing, plan, budget_note, plan.kv_cache_bytes, shards
+    )
 
 
 def _capped(cfg, tokens: int, device, work: Workload) -> int:
@@ -269,7 +272,7 @@ def plan_rows(choice: MemoryChoice) -> list[tuple[str, str]]:
         tokens += f" (the planner's {choice.plan.micro_batch_tokens}, capped: see train.memory)"
     rows = [
         ("memory budget", choice.budget_note),
-        *sharding_rows(),
+        *sharding_rows(choice.num_shards),
         ("micro-batch tokens", tokens),
         ("gradient checkpointing", "on" if choice.gradient_checkpointing else "off"),
         (
@@ -287,9 +290,8 @@ def plan_rows(choice: MemoryChoice) -> list[tuple[str, str]]:
     return rows
 
 
-def sharding_rows() -> list[tuple[str, str]]:
+def sharding_rows(shards: int) -> list[tuple[str, str]]:
     """What the plan assumes of a distributed run (none in one process)."""
-    shards = env_world_size()
     if shards <= 1:
         return []
     return [

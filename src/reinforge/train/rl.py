@@ -23,6 +23,7 @@ from reinforge.distributed import (
     any_rank,
     full_weights,
     is_distributed,
+    is_generator,
     is_main,
     reduce_metrics,
     share,
@@ -35,6 +36,12 @@ from reinforge.run import RunContext, Stopped, Summary
 from reinforge.tasks import task_source_for
 from reinforge.train.advantage_step import assign_advantages, build_step_batch
 from reinforge.train.common import device_memory_metrics, eos_ids, render_prompt
+from reinforge.train.disaggregated import (
+    LocalRollouts,
+    RemoteRollouts,
+    generate_for_trainers,
+    rollout_source,
+)
 from reinforge.train.env_rollout import SUMMED as EPISODE_SUMS
 from reinforge.train.env_rollout import env_rollout, episode_metrics, tool_use_notes
 from reinforge.train.learner import Learner, build_learner, score_with_models
@@ -54,13 +61,18 @@ from reinforge.types import Group, Trajectory
 
 __all__ = ["render_prompt", "rl_step", "train"]
 
+LOCAL = LocalRollouts()
+
 
 def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
+    if is_generator():  # rank 0 of a disaggregated run: it only samples, for the trainers
+        return generate_for_trainers(cfg, ctx)
     policy, state, ckpt = load_policy(cfg, ctx)
     tasks = task_source_for(cfg, policy.tokenizer)
     logger = open_logger(cfg, ctx, state)
     summary = Summary("train", ctx.run_dir, final_step=state.step)
     eval_tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
+    rollouts = rollout_source(cfg, state)
     try:
         if cfg.sft.steps > 0 and not state.sft_done:
             if state.phase != "sft":
@@ -76,7 +88,7 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
         start_step = state.step
         with progress_bar(cfg.run.max_steps, state.step, "RL") as advance:
             for step in range(state.step + 1, cfg.run.max_steps + 1):
-                metrics = rl_step(cfg, learner, tasks, state, step, logger)
+                metrics = rl_step(cfg, learner, tasks, state, step, logger, rollouts)
                 state.step = summary.final_step = step
                 summary.steps_trained = step - start_step
                 logger.log(step, metrics)
@@ -92,16 +104,23 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
         if cfg.log.plot and is_main():
             plot_curves(ctx.run_dir)
     finally:
+        rollouts.close()
         logger.close()
     summary.notes += tool_use_notes(ctx.run_dir)
     return summary
 
 
 def rl_step(
-    cfg: TrainConfig, learner: Learner, tasks, state: TrainerState, step: int, logger
+    cfg: TrainConfig,
+    learner: Learner,
+    tasks,
+    state: TrainerState,
+    step: int,
+    logger,
+    rollouts: LocalRollouts | RemoteRollouts = LOCAL,
 ) -> dict[str, float]:
     start = time.perf_counter()
-    sampled, groups, sampling_metrics = sample_groups(cfg, learner.policy, tasks, state, step)
+    sampled, groups, sampling_metrics = rollouts.sample(cfg, learner.policy, tasks, state, step)
     if learner.policy.device.type == "cuda":
         # the KV pool and decode graphs are not needed until the next rollout: the update gets
         # their memory (a fresh pool costs a zero fill and a graph capture per batch size used)
