@@ -24,9 +24,9 @@ Contract:
   forward is a collective.
 - Metrics: `reduce_metrics` combines each rank's step metrics (mean, sum or max per key); rank 0
   alone writes files and prints.
-- Disaggregated (`train.disaggregated`): the last rank only generates and the others train;
-  "rank", "world size" and every reduction here then mean the training processes'
-  (`train_group`); the main process is rank 0, a trainer.
+- Disaggregated (`distributed.mode = "disaggregated"`, `train.disaggregated`): the last rank
+  only generates and the others train; "rank", "world size" and every reduction here then mean
+  the training processes' (`train_group`); the main process is rank 0, a trainer.
 """
 
 from __future__ import annotations
