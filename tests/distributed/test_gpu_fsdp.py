@@ -15,24 +15,16 @@ import pytest
 import torch
 
 from tests.conftest import REPO
+from tests.train.test_gpu_train import SHAPE_RUN as ONE_GPU_RUN
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs"),
 ]
 
+# the one-GPU tests' run, checkpointing every 2 steps, for 3 steps
 SHAPE_RUN = [
-    "model.path=shape:bench/shapes/qwen2.5-0.5b.json",
-    "task.name=random_tokens",
-    "task.prompt_tokens=64",
-    "task.num_eval=2",
-    "rollout.prompts_per_step=8",
-    "rollout.samples_per_prompt=4",
-    "rollout.max_new_tokens=48",
-    "rollout.ignore_eos=true",
-    "eval.before_train=false",
-    "log.tensorboard=false",
-    "log.plot=false",
+    *(arg for arg in ONE_GPU_RUN if not arg.startswith("checkpoint.every=")),
     "checkpoint.every=2",
     "run.max_steps=3",
 ]
