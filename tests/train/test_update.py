@@ -114,6 +114,38 @@ def test_sft_step_gradient_does_not_depend_on_the_micro_batch_budget():
         torch.testing.assert_close(whole, split, atol=1e-6, rtol=1e-5)
 
 
+def test_a_batch_without_signal_leaves_the_weights_alone(tmp_path):
+    """All advantages 0 (every group scored alike): no gradient, so no step, although AdamW's
+    momentum from the step before would still move the weights."""
+    cfg = load_config(
+        TrainConfig,
+        None,
+        [
+            "model.path=builtin:micro",
+            "rollout.prompts_per_step=2",
+            "rollout.samples_per_prompt=4",
+            "rollout.max_new_tokens=6",
+            "algorithm.kl_coef=0",
+            "optim.lr=1e-3",
+            "train.micro_batch_tokens=1024",
+        ],
+    )
+    policy = make_policy(cfg)
+    learner = make_learner(cfg, tmp_path, policy)
+    tasks = DigitTasks(cfg.task)
+    groups = rl.rollout(cfg, policy, [tasks.train_task(i) for i in range(2)], seed=5)
+    rl.score(groups, tasks)
+    batch = build_step_batch(groups, cfg.algorithm, policy.device)
+    assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
+    assert update_policy(cfg, learner, batch)["grad_norm"] > 0  # momentum from a real step
+    before = [p.detach().clone() for p in policy.model.parameters()]
+    batch.advantages.zero_()
+    metrics = update_policy(cfg, learner, batch)
+    assert metrics["grad_norm"] == 0.0 and metrics["nonfinite_skipped"] == 0.0
+    for old, new in zip(before, policy.model.parameters()):
+        assert torch.equal(old, new)
+
+
 def test_mixed_adamw_matches_torch_and_keeps_float32_states():
     gen = torch.Generator().manual_seed(0)
     start = torch.randn(8, 4, generator=gen)

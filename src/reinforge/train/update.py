@@ -93,17 +93,26 @@ def micro_step(
 
 
 def optimizer_step(cfg: TrainConfig, learner: Learner) -> dict[str, float]:
-    """Clip (policy and value head separately), step unless a gradient is not finite, advance
-    the schedule."""
+    """Clip (policy and value head separately), step unless a gradient is not finite or is
+    zero, advance the schedule.
+
+    A zero gradient (every advantage 0 and no KL or entropy term: a batch whose groups all
+    scored alike, as once a policy solves every task) carries no information, yet AdamW would
+    still move every weight along its momentum (about ten steps' worth, summed, after the last
+    real gradient). Measured on configs/tool_calc.toml: a policy that had just reached reward
+    1.0 broke its tool call in one such step, and every group then scoring 0 alike, it never
+    recovered."""
     max_norm = cfg.optim.max_grad_norm
     grad_norm = clip_grad_norm(learner.policy.model.parameters(), max_norm)
     metrics = {"grad_norm": grad_norm}
     is_finite = math.isfinite(grad_norm)
+    has_gradient = grad_norm > 0.0
     if learner.value_head is not None:
         value_norm = torch.nn.utils.clip_grad_norm_(learner.value_head.parameters(), max_norm)
         metrics["value_grad_norm"] = float(value_norm)
         is_finite = is_finite and math.isfinite(metrics["value_grad_norm"])
-    if is_finite:
+        has_gradient = has_gradient or metrics["value_grad_norm"] > 0.0
+    if is_finite and has_gradient:
         learner.optimizer.step()
     metrics["nonfinite_skipped"] = 0.0 if is_finite else 1.0  # parameters untouched
     learner.optimizer.zero_grad(set_to_none=True)
