@@ -96,7 +96,7 @@ def summarise(rows: list[dict], w: dict, wall: float, profile_step: int = 0) -> 
         "rollout_tok_per_s": round(generated / med("generate_s")),
         "train_tok_per_s": round(trained / train_s),
         "train_mfu_vs_796tflops": round(flops_per_token * trained / train_s / 796e12, 3),
-        "peak_gib": round(max(r.get("gpu_peak_gib", 0.0) for r in rows), 1),
+        "peak_gib": round(max(r.get("gpu_peak_gib", 0.0) for r in rows), 2),
         "wall_s": round(wall, 1),
     }
 

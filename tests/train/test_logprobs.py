@@ -165,3 +165,33 @@ def test_bf16_head_gradient_over_many_chunks_stays_near_float32():
     logp.sum().backward()
     error = (weight_bf.grad.float() - ref_w.grad).norm() / ref_w.grad.norm()
     assert error < 2e-2, error
+
+
+def test_in_place_head_gradient_equals_autograds_on_a_tied_weight():
+    """The trainer's path: the head gradient summed straight into the tied parameter's .grad
+    (no [V, H] buffer held until the embedding's backward) gives autograd's .grad, accumulated
+    over two micro-batches, with the embedding's share added by autograd on top."""
+    grads = []
+    for in_place in (False, True):
+        gen = torch.Generator().manual_seed(4)
+        weight = torch.nn.Parameter(torch.randn(V, H, generator=gen, dtype=torch.float64))
+        for _micro_batch in range(2):
+            ids = torch.randint(0, V, (N,), generator=gen)
+            targets = torch.randint(0, V, (N,), generator=gen)
+            hidden = torch.nn.functional.embedding(ids, weight).tanh()  # tied: the same weight
+            logp, ent = chunked_logprobs(
+                hidden, weight, targets, 0.9, chunk_size=8, weight_grad_in_place=in_place
+            )
+            (logp.sum() + 0.1 * ent.sum()).backward()
+        grads.append(weight.grad.clone())
+    assert grads[0].abs().sum() > 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-12, atol=1e-12)
+
+
+def test_in_place_is_off_for_a_weight_that_is_not_a_leaf():
+    hidden, weight, targets = inputs()
+    scaled = weight * 2.0  # e.g. a gathered or cast weight: autograd must carry its gradient
+    logp, _ = chunked_logprobs(hidden, scaled, targets, 1.0, 8, weight_grad_in_place=True)
+    logp.sum().backward()
+    expected = torch.autograd.grad(plain(hidden, weight * 2.0, targets, 1.0)[0].sum(), weight)[0]
+    torch.testing.assert_close(weight.grad, expected.double(), rtol=1e-5, atol=1e-6)

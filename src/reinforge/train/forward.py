@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforge.distributed import PACKED_FORWARD, max_over_ranks
+from reinforge.distributed import PACKED_FORWARD, is_distributed, max_over_ranks
 from reinforge.train.logprobs import chunked_logprobs, lm_head_weight
 from reinforge.train.packing import (
     PackedBatch,
@@ -101,7 +101,13 @@ def packed_logprobs(model, batch: PackedBatch, temperature: float):
     packed row's targets."""
     hidden_LH = packed_hidden_states(model, batch)
     hidden_KH = hidden_LH.index_select(0, batch.target_positions_K)
+    # one process: the head gradient goes straight into .grad (no [V, H] buffer beside the
+    # layers' backward); under FSDP2 the gathered weight's gradient is FSDP's to reduce
     logprobs_K, entropy_K = chunked_logprobs(
-        hidden_KH, lm_head_weight(model), batch.targets_K, temperature
+        hidden_KH,
+        lm_head_weight(model),
+        batch.targets_K,
+        temperature,
+        weight_grad_in_place=not is_distributed(),
     )
     return hidden_KH, logprobs_K, entropy_K

@@ -11,6 +11,13 @@ Contract
   `chunk_size * V * 10` bytes (the matmul output in the weight dtype plus two float32 [c, V]
   buffers), plus, when the head weight is trained, a [V, H] gradient accumulator in the weight's
   dtype (each chunk's product accumulates in float32 inside the matmul, then joins the sum).
+- `weight_grad_in_place=True` (the trainer's single-process path) sums the head-weight gradient
+  straight into the weight's `.grad` (a leaf parameter) and hands autograd none: no [V, H]
+  accumulator. Measured on G1 (0.5B shape, tied embeddings, `torch.cuda.memory` history of one
+  update): autograd holds a tied weight's head gradient in its input buffer until the embedding's
+  backward, at the very end, so the accumulator (0.25 GiB) sat beside every layer's backward,
+  where the update's peak is. The result is the same `.grad` as `.backward()` gives; code that
+  asks autograd for gradients (`torch.autograd.grad`) must leave it off.
 - Precision: the matmuls run in the weights' dtype (bf16 on a GPU); softmax, logsumexp,
   entropy and the logits' gradient run in float32.
 - Gradients flow to both outputs (an entropy bonus trains through `entropy_N`) and to hidden
@@ -38,14 +45,19 @@ def chunked_logprobs(
     targets_N: torch.Tensor,
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    weight_grad_in_place: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob of each target and the entropy at each position, [N] float32 each (float64 for
-    float64 inputs)."""
+    float64 inputs). `weight_grad_in_place`: see the module's contract (a no-op unless the
+    weight is a leaf that requires grad)."""
     assert hidden_NH.ndim == 2 and weight_VH.ndim == 2 and hidden_NH.shape[1] == weight_VH.shape[1]
     assert targets_N.shape == hidden_NH.shape[:1], "one target per hidden state"
     assert hidden_NH.dtype == weight_VH.dtype, "hidden states and head weight share a dtype"
     assert temperature > 0 and chunk_size >= 1
-    return ChunkedLogprobs.apply(hidden_NH, weight_VH, targets_N, float(temperature), chunk_size)
+    in_place = weight_grad_in_place and weight_VH.is_leaf and weight_VH.requires_grad
+    return ChunkedLogprobs.apply(
+        hidden_NH, weight_VH, targets_N, float(temperature), chunk_size, in_place
+    )
 
 
 class ChunkedLogprobs(torch.autograd.Function):
@@ -56,9 +68,11 @@ class ChunkedLogprobs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden_NH, weight_VH, targets_N, temperature, chunk_size):
+    def forward(ctx, hidden_NH, weight_VH, targets_N, temperature, chunk_size, in_place=False):
         ctx.save_for_backward(hidden_NH, weight_VH, targets_N)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        # the parameter itself (saved_tensors gives an alias whose .grad is not the parameter's)
+        ctx.weight_param = weight_VH if in_place else None
         num = hidden_NH.shape[0]
         logprobs_N = torch.empty(num, dtype=_math_dtype(weight_VH), device=hidden_NH.device)
         entropy_N = torch.empty_like(logprobs_N)
@@ -87,7 +101,15 @@ class ChunkedLogprobs(torch.autograd.Function):
         # product accumulates in float32 inside the matmul (addmm's beta=1 reads the running
         # sum), so a bf16 weight gets one bf16 rounding per chunk, as the other parameters get
         # per micro-batch; a float32 [V, H] accumulator would cost 0.5 GiB more at Qwen's V.
-        grad_weight_VH = torch.zeros_like(weight_VH) if needs_weight else None
+        # In place: the sum starts from, and is, the parameter's own .grad.
+        grad_weight_VH = None
+        param = ctx.weight_param
+        if needs_weight and param is not None:
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+            grad_weight_VH = param.grad
+        elif needs_weight:
+            grad_weight_VH = torch.zeros_like(weight_VH)
         fused = fused_kernels(hidden_NH.device)
         for start in range(0, hidden_NH.shape[0], chunk_size):
             end = min(start + chunk_size, hidden_NH.shape[0])
@@ -112,7 +134,9 @@ class ChunkedLogprobs(torch.autograd.Function):
                 grad_hidden_NH[start:end] = grad_z_CV @ weight_VH
             if needs_weight:
                 grad_weight_VH.addmm_(grad_z_CV.t(), hidden_CH)
-        return grad_hidden_NH, grad_weight_VH, None, None, None
+        if param is not None:
+            grad_weight_VH = None  # already in param.grad
+        return grad_hidden_NH, grad_weight_VH, None, None, None, None
 
 
 def chunk_stats(
