@@ -10,8 +10,9 @@ head_dim, kv = kv_heads * head_dim, V vocab, Ly layers, r LoRA rank, c logits ch
 - weights                 P * d (bf16: 2)
 - full fine-tune          gradients P * d; AdamW states P * s with s = 4 (bf16 states), 8 (fp32
                           states) or 12 (fp32 states + fp32 master weights); the chunked LM head
-                          accumulates its weight gradient in float32 plus a per-chunk temporary:
-                          V * h * (4 + d)
+                          sums its weight gradient straight into the parameter's gradient in one
+                          process (nothing extra), into a [V, h] buffer of the weights' dtype
+                          under FSDP (V * h * d; `train.logprobs`)
 - LoRA                    A/B are float32 (PEFT's default): weights, gradients and AdamW states
                           are 4 + 4 + 8 = 16 per trainable parameter; "all-linear" has
                           r * Ly * (7h + 2q + 2kv + 3I) of them (q,k,v,o,gate,up,down: r*(in+out))
@@ -241,7 +242,8 @@ def _sizes(x: PlanInputs) -> _Sizes:
     if x.lora_rank is None:
         grads = math.ceil(m.num_params * d / shards)
         optimizer = math.ceil(m.num_params * OPTIMIZER_STATE_BYTES[x.optimizer] / shards)
-        head_grad, lora_state = m.vocab_size * m.hidden_size * (4 + d), 0
+        head_grad = m.vocab_size * m.hidden_size * d if shards > 1 else 0
+        lora_state = 0
     else:
         trainable = x.lora_trainable_params or lora_trainable_params(m, x.lora_rank)
         grads = optimizer = head_grad = 0
@@ -504,7 +506,7 @@ def _rows(x: PlanInputs, s: _Sizes, checkpointing: bool, tokens: int, pages: int
         rows += [
             ("gradients", s.grads, f"{m.num_params:,} x {d} B{per} (training phase only)"),
             ("optimizer states", s.optimizer, f"{x.optimizer}: {state_bytes} B/param{per}"),
-            ("LM head grad accumulator", s.head_grad, "float32 [V, H] + per-chunk temporary"),
+            ("LM head grad buffer", s.head_grad, "[V, H] in the weights' dtype (FSDP only)"),
         ]
     else:
         trainable = x.lora_trainable_params or lora_trainable_params(m, x.lora_rank)
