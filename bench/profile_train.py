@@ -25,13 +25,21 @@ from reinforge.cli import main
 GiB = 2**30
 
 
-def profiled(update, step: int, out_file: str):
+def at_step(update, step: int, measured):
+    """`update`, except that its `step`-th call runs through `measured(update, args, kwargs)`."""
     calls = {"n": 0}
 
     def wrapper(*args, **kwargs):
         calls["n"] += 1
         if calls["n"] != step:
             return update(*args, **kwargs)
+        return measured(update, args, kwargs)
+
+    return wrapper
+
+
+def profiled(out_file: str):
+    def measured(update, args, kwargs):
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=activities) as prof:
             result = update(*args, **kwargs)
@@ -41,7 +49,7 @@ def profiled(update, step: int, out_file: str):
             f.write(table)
         return result
 
-    return wrapper
+    return measured
 
 
 def where(frames: list[dict], depth: int = 4) -> str:
@@ -88,13 +96,8 @@ def peak_report(snapshot: dict, held_at_start: int) -> str:
     return "\n".join(lines[:80])
 
 
-def memory_profiled(update, step: int, out_file: str):
-    calls = {"n": 0}
-
-    def wrapper(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] != step:
-            return update(*args, **kwargs)
+def memory_profiled(out_file: str):
+    def measured(update, args, kwargs):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         held = torch.cuda.memory_allocated()
@@ -111,7 +114,7 @@ def memory_profiled(update, step: int, out_file: str):
         print(report, flush=True)
         return result
 
-    return wrapper
+    return measured
 
 
 if __name__ == "__main__":
@@ -119,5 +122,6 @@ if __name__ == "__main__":
     memory = argv[0] == "--memory"
     argv = argv[1:] if memory else argv
     step, out_file, argv = int(argv[0]), argv[1], argv[2:]
-    rl.update_policy = (memory_profiled if memory else profiled)(rl.update_policy, step, out_file)
+    measured = (memory_profiled if memory else profiled)(out_file)
+    rl.update_policy = at_step(rl.update_policy, step, measured)
     sys.exit(main(argv))
