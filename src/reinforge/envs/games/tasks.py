@@ -97,13 +97,17 @@ class GameTasks:
     def demonstration(self, state: EnvState) -> str:
         """A scripted reference player's next message in a `GameEnv` episode: a best move (by
         depth-limited minimax, `DEMO_SEARCH_DEPTH`) or a random legal one, seeded by the task
-        and the turn; a bare label in the compact style, else in <move> tags."""
+        and the turn; a bare label in the compact style, else in <move> tags.
+
+        Equally good moves are broken by legal-move order, not at random: the same board then
+        always gets the same reply, a function a small model fits from a few hundred games
+        (with random tie-breaks the tiny model measured no better than a board-blind player)."""
         episode: GameEpisode = state.info["game"]
         game, position = episode.game, episode.position
         rng = random.Random(f"{state.task.id}/demo/{state.turn}")
         if rng.random() < self.demo_best_move_fraction:
             depth = DEMO_SEARCH_DEPTH.get(game.name, DEMO_DEFAULT_DEPTH)
-            move = rng.choice(best_moves(game, position, depth))
+            move = best_moves(game, position, depth)[0]  # ties: the first, every time
         else:
             move = rng.choice(game.legal_moves(position))
         label = game.move_label(position, move)
