@@ -3,18 +3,26 @@ itself carries no profiling code).
 
     python bench/profile_train.py STEP OUT_FILE train CONFIG [k=v ...]
     python bench/profile_train.py --memory STEP OUT_FILE train CONFIG [k=v ...]
+    python bench/profile_train.py --fsdp1 STEP OUT_FILE train CONFIG [k=v ...]
 
 Without --memory: the update's device time by operator (sorted by CUDA time) to OUT_FILE.
 With --memory: the CUDA caching allocator's history over the update (`torch.cuda.memory`):
 the memory held when the update starts, the update's peak, and the blocks alive at that peak
 that the update allocated, largest first, each with the Python frames that allocated it, to
 OUT_FILE (and the raw snapshot beside it, OUT_FILE.pickle, for `torch.cuda._memory_viz`).
+With --fsdp1 (before either): the model is sharded with FSDP2 over a world of one process, so
+FSDP's own cost (hooks, casts, copies, the optimizer on DTensor shards) shows on one GPU, apart
+from any communication.
 """
 
 from __future__ import annotations
 
+import gzip
+import os
 import pickle
+import shutil
 import sys
+import time
 from collections import defaultdict
 
 import torch
@@ -39,14 +47,41 @@ def at_step(update, step: int, measured):
 
 
 def profiled(out_file: str):
+    """The update under torch.profiler: its wall time, the device's busy time (kernels summed),
+    the operators by device time and by host time; with PROFILE_TRACE=1 also a gzipped Chrome
+    trace beside OUT_FILE."""
+
     def measured(update, args, kwargs):
-        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        cuda = torch.cuda.is_available()
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if cuda:
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+            torch.cuda.synchronize()
+        start = time.perf_counter()
         with torch.profiler.profile(activities=activities) as prof:
             result = update(*args, **kwargs)
-            torch.cuda.synchronize()
-        table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=45)
+            if cuda:
+                torch.cuda.synchronize()
+        wall = time.perf_counter() - start
+        averages = prof.key_averages()
+        busy = sum(getattr(e, "self_device_time_total", 0.0) for e in averages) / 1e6
         with open(out_file, "w") as f:
-            f.write(table)
+            f.write(f"update wall {wall:.3f} s (profiled), device kernels {busy:.3f} s\n\n")
+            f.write(
+                averages.table(
+                    sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=45
+                )
+            )
+            f.write("\n\nby host time (self):\n")
+            f.write(averages.table(sort_by="self_cpu_time_total", row_limit=45))
+        if os.environ.get("PROFILE_TRACE") == "1":
+            prof.export_chrome_trace(out_file + ".trace.json")
+            with (
+                open(out_file + ".trace.json", "rb") as raw,
+                gzip.open(out_file + ".trace.json.gz", "wb") as z,
+            ):
+                shutil.copyfileobj(raw, z)
+            os.remove(out_file + ".trace.json")
         return result
 
     return measured
@@ -117,8 +152,26 @@ def memory_profiled(out_file: str):
     return measured
 
 
+def shard_over_one_process() -> None:
+    """A process group of one and `is_distributed()` true: the trainer then takes its FSDP2
+    path (sharding, DTensor optimizer, reductions) exactly as under torchrun."""
+    import reinforge.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    backend = "gloo"
+    if torch.cuda.is_available():
+        torch.cuda.set_device(0)
+        backend = "cuda:nccl,cpu:gloo"
+    torch.distributed.init_process_group(backend, rank=0, world_size=1)
+    dist.is_distributed.__code__ = (lambda: True).__code__  # every importer's reference
+
+
 if __name__ == "__main__":
     argv = sys.argv[1:]
+    if argv[0] == "--fsdp1":
+        shard_over_one_process()
+        argv = argv[1:]
     memory = argv[0] == "--memory"
     argv = argv[1:] if memory else argv
     step, out_file, argv = int(argv[0]), argv[1], argv[2:]

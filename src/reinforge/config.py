@@ -467,6 +467,15 @@ class DistributedSection(Section):
     optimizer step and it generates the next step's rollout meanwhile, so a step trains on
     samples from weights one step old (`rollout_staleness`). The sampler/trainer mismatch is
     reported as `kl_sampler`; algorithm.tis_cap corrects for it (set it, e.g. 2.0)."""
+    accumulate_unsharded: Literal["auto"] | bool = "auto"
+    """Under FSDP, within an optimizer step: keep every layer's weights gathered from the first
+    micro-batch to the last and add the micro-batches' gradients up unsharded (float32),
+    reduce-scattering them across processes once per step (true), or gather each layer and
+    reduce its gradients at every micro-batch (false: least memory). true costs, per process,
+    the rest of the weights (gathered) and 4 bytes per parameter (the float32 gradient sum), and
+    saves a gather, a reduction and their host work per layer and micro-batch. "auto": the
+    memory planner turns it on when it fits beside the rest of the training peak (`--dry-run`
+    shows its choice). Ignored in a single process."""
 
 
 class LogSection(Section):

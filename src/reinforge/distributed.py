@@ -324,6 +324,39 @@ def full_weights(model: torch.nn.Module) -> Iterator[None]:
             unit.set_reshard_after_forward(unit is not root, recurse=False)
 
 
+@contextmanager
+def accumulation(model: torch.nn.Module, unsharded: bool) -> Iterator:
+    """The micro-batches of one optimizer step. Yields `before(last)`, to call before each
+    micro-batch's forward with whether it is the step's last.
+
+    `unsharded` (the plan's `distributed.accumulate_unsharded`): every layer stays gathered from
+    its first forward to the step's last backward, and gradients add up unsharded (in float32,
+    FSDP's reduce dtype) until the last micro-batch, which reduce-scatters them once. Otherwise
+    FSDP gathers each layer for every forward, recomputation and backward, and reduce-scatters
+    every micro-batch's gradients: less memory, and per layer and micro-batch a gather, a
+    reduction and their host-side work (measured on G1 with FSDP over one H100: 1.1 s of a
+    3.5 s update, none of it communication). Identity for an unsharded model."""
+    units = fsdp_modules(model) if is_distributed() else []
+    if not units or not unsharded:
+        yield lambda last: None
+        return
+    root = units[0]
+
+    def before(last: bool) -> None:
+        root.set_requires_gradient_sync(last)
+        root.set_reshard_after_backward(last)
+
+    for unit in units:
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield before
+    finally:
+        root.set_requires_gradient_sync(True)
+        root.set_reshard_after_backward(True)
+        for unit in units:
+            unit.set_reshard_after_forward(unit is not root, recurse=False)
+
+
 def clip_grad_norm(parameters, max_norm: float) -> float:
     """`torch.nn.utils.clip_grad_norm_` whose result is the global norm, also over DTensor shards
     (the same number on every rank)."""

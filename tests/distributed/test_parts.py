@@ -83,6 +83,41 @@ def test_the_plan_of_a_sharded_run_divides_weights_gradients_and_optimizer_state
     assert sizes(four)["gathered weights, generation"] == model.num_params * 2 * 3 // 4
 
 
+def test_the_planner_accumulates_unsharded_when_it_fits_and_refuses_a_forced_one_that_does_not():
+    from reinforge.errors import ConfigError
+
+    model = ModelShape(494_032_768, 24, 896, 4864, 14, 2, 64, 151_936)
+    work = dict(prompt_len=128, response_len=512, samples_per_prompt=8, prompts_per_step=16)
+    sharded = dict(model=model, num_shards=2, **work)
+    roomy = plan_memory(PlanInputs(free_bytes=70 << 30, **sharded))
+    assert roomy.accumulate_unsharded
+    rows = {item: (size, note) for item, size, note in roomy.rows}
+    # the other half of the weights stays gathered, and a float32 sum per parameter
+    gathered_rest = model.num_params * 2 // 2 - rows["gathered weights, training"][0]
+    assert rows["unsharded accumulation"][0] == pytest.approx(
+        gathered_rest + model.num_params * 4, abs=2
+    )
+    assert rows["unsharded accumulation"][1].endswith(": on")
+    # tight: the same plan without it (micro-batch and KV pool not shrunk for it)
+    tight_bytes = 9 << 30
+    tight = plan_memory(PlanInputs(free_bytes=tight_bytes, **sharded))
+    assert not tight.accumulate_unsharded
+    assert (
+        "off (would need" in {item: note for item, _, note in tight.rows}["unsharded accumulation"]
+    )
+    with pytest.raises(ConfigError) as err:
+        plan_memory(PlanInputs(free_bytes=tight_bytes, accumulate_unsharded=True, **sharded))
+    assert "distributed.accumulate_unsharded = true needs" in str(err.value)
+    assert "set distributed.accumulate_unsharded = false" in str(err.value)
+    off = plan_memory(PlanInputs(free_bytes=70 << 30, accumulate_unsharded=False, **sharded))
+    assert not off.accumulate_unsharded
+    assert off.micro_batch_tokens == roomy.micro_batch_tokens
+    # one process: nothing to gather or reduce, no choice made
+    assert not plan_memory(
+        PlanInputs(free_bytes=70 << 30, model=model, **work)
+    ).accumulate_unsharded
+
+
 def test_one_process_starts_no_process_group_and_shares_everything(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     distributed.init_from_env("auto")

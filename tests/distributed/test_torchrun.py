@@ -73,8 +73,9 @@ COMPARED = (
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
-def launch(*commands: list[str], timeout: float = 240) -> None:
-    """Start the commands together (several torchrun "nodes"), wait for all; each must exit 0."""
+def launch(*commands: list[str], timeout: float = 240) -> list[str]:
+    """Start the commands together (several torchrun "nodes"), wait for all; each must exit 0.
+    Returns their outputs."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     procs = [
         subprocess.Popen(
@@ -85,6 +86,7 @@ def launch(*commands: list[str], timeout: float = 240) -> None:
     outputs = [p.communicate(timeout=timeout)[0] for p in procs]
     for proc, output in zip(procs, outputs):
         assert proc.returncode == 0, output[-4000:]
+    return outputs
 
 
 def reinforge(run_dir: Path, *extra: str) -> list[str]:
@@ -132,7 +134,10 @@ def runs(tmp_path_factory):
     common = [*RUN, f"model.path=shape:{shape}"]
     one, two = root / "one", root / "two"
     launch([sys.executable, *reinforge(one, *common)])
-    launch([*TORCHRUN, "--standalone", "--nproc-per-node", "2", *reinforge(two, *common)])
+    (output,) = launch(
+        [*TORCHRUN, "--standalone", "--nproc-per-node", "2", *reinforge(two, *common)]
+    )
+    (root / "two.out").write_text(output)
     return root, common, one, two
 
 
@@ -147,6 +152,20 @@ def test_two_processes_train_as_one_on_the_same_global_batch(runs):
     assert (step2 / "dcp" / ".metadata").is_file()  # DCP shards, resumable on any count
     assert (step2 / "rng_rank1.pt").is_file()
     assert (step2 / "model.safetensors").is_file()  # HF weights gathered by rank 0
+
+
+def test_two_processes_reducing_every_micro_batch_train_as_one_too(runs):
+    """Both ways of accumulating a step's micro-batches under FSDP give the single process's
+    steps: the planner's (gathered layers, unsharded sums: it fits here) and FSDP's default
+    (gather and reduce at every micro-batch)."""
+    root, common, one, _ = runs
+    assert "gradients unsharded" in (root / "two.out").read_text()
+    per_micro_batch = root / "two_per_micro_batch"
+    extra = [*common, "distributed.accumulate_unsharded=false"]
+    torchrun = [*TORCHRUN, "--standalone", "--nproc-per-node", "2"]
+    (output,) = launch([*torchrun, *reinforge(per_micro_batch, *extra)])
+    assert "gradients reduced every micro-batch" in output
+    assert_same_steps(rl_metrics(per_micro_batch), rl_metrics(one), steps=(1, 2, 3, 4))
 
 
 def test_checkpoint_of_two_processes_resumes_on_one(runs):

@@ -70,6 +70,7 @@ class MemoryChoice:
     # plan and no setting: the engine's own default)
     kv_cache_bytes: int | None = None
     num_shards: int = 1  # processes training together (FSDP); the plan is one process's
+    accumulate_unsharded: bool = False  # FSDP: see `distributed.accumulation`
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,8 @@ def choose_memory(
     micro_tokens = t.micro_batch_tokens or resumed_micro_tokens
     forced_checkpointing = None if checkpointing == "auto" else bool(checkpointing)
     kv_bytes = getattr(getattr(cfg, "rollout", None), "kv_cache_bytes", None)
+    unsharded = getattr(getattr(cfg, "distributed", None), "accumulate_unsharded", False)
+    forced_unsharded = None if unsharded == "auto" else bool(unsharded)
     free, budget_note = memory_budget(device)
     missing = [k for k in REQUIRED_CONFIG_KEYS if k not in model_config]
     if free is None or missing:
@@ -113,6 +116,7 @@ def choose_memory(
             None,
             f"no plan: {note}",
             kv_bytes,
+            accumulate_unsharded=bool(forced_unsharded),
         )
     rank = cfg.model.lora.rank or None
     shards = env_train_size(cfg)
@@ -131,6 +135,7 @@ def choose_memory(
             micro_batch_tokens=micro_tokens,
             kv_cache_bytes=kv_bytes,
             gradient_checkpointing=forced_checkpointing,
+            accumulate_unsharded=forced_unsharded,
         )
     )
     tokens = micro_tokens or _capped(cfg, plan.micro_batch_tokens, device, work)
@@ -140,7 +145,13 @@ def choose_memory(
             f"({work.max_seq_len} tokens); use train.micro_batch_tokens >= {work.max_seq_len}"
         )
     return MemoryChoice(
-        tokens, plan.gradient_checkpointing, plan, budget_note, plan.kv_cache_bytes, shards
+        tokens,
+        plan.gradient_checkpointing,
+        plan,
+        budget_note,
+        plan.kv_cache_bytes,
+        shards,
+        plan.accumulate_unsharded,
     )
 
 
@@ -202,6 +213,8 @@ def resolve_memory(cfg, choice: MemoryChoice) -> None:
     """Write the plan's choices into the config: the run reads concrete values from here on."""
     cfg.train.micro_batch_tokens = choice.micro_batch_tokens
     cfg.model.gradient_checkpointing = choice.gradient_checkpointing
+    if getattr(cfg, "distributed", None) is not None:
+        cfg.distributed.accumulate_unsharded = choice.accumulate_unsharded
 
 
 @dataclass(frozen=True)
@@ -275,6 +288,11 @@ def plan_rows(choice: MemoryChoice) -> list[tuple[str, str]]:
         *sharding_rows(choice.num_shards),
         ("micro-batch tokens", tokens),
         ("gradient checkpointing", "on" if choice.gradient_checkpointing else "off"),
+        *(
+            [("unsharded accumulation", "on" if choice.accumulate_unsharded else "off")]
+            if choice.num_shards > 1
+            else []
+        ),
         (
             "KV cache (paged engine)",
             format_bytes(choice.kv_cache_bytes)

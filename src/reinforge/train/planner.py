@@ -84,6 +84,7 @@ SETTING_KV = "rollout.kv_cache_bytes"
 SETTING_CHECKPOINTING = "model.gradient_checkpointing"
 SETTING_LORA_RANK = "model.lora.rank"
 SETTING_MAX_NEW_TOKENS = "rollout.max_new_tokens"
+SETTING_UNSHARDED = "distributed.accumulate_unsharded"
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ class PlanInputs:
     kv_cache_bytes: int | None = None
     gradient_checkpointing: bool | None = None
     num_shards: int = 1  # FSDP processes; prompts_per_step is then this process's share
+    accumulate_unsharded: bool | None = None  # FSDP: gathered weights + float32 gradient sums
     # The trainer frees the KV pool (and decode graphs) for its update on CUDA
     # (`Engine.release_memory`), so the pool and the training activations never coexist.
     kv_released_in_training: bool = True
@@ -169,6 +171,7 @@ class Plan:
     micro_batch_tokens: int
     gradient_checkpointing: bool
     rows: tuple[tuple[str, int, str], ...]  # (item, bytes, note), for --dry-run
+    accumulate_unsharded: bool = False  # FSDP only (`distributed.accumulate_unsharded`)
 
     def table(self) -> str:
         width = max(len(item) for item, _, _ in self.rows)
@@ -208,6 +211,7 @@ class _Sizes:
     head_grad: int
     gathered_generation: int  # the rest of the weights, gathered for generation (FSDP)
     gathered_training: int  # the layers gathered at once in training: one, and the next
+    unsharded_accumulation: int  # FSDP, accumulating unsharded: all weights + float32 grad sums
     logits_chunk: int
     generation: int
     kv_per_token: int
@@ -259,6 +263,16 @@ def _sizes(x: PlanInputs) -> _Sizes:
     prefill_per_token = d * (2 * m.hidden_size + m.q_dim + 2 * m.kv_dim + 2 * m.intermediate_size)
     prefill = min(PREFILL_CHUNK_TOKENS, num_seqs * seq_len) * prefill_per_token
     tokens_max = max(seq_len, min(num_seqs * seq_len, MAX_MICRO_TOKENS))
+    gathered_training = unsharded_accumulation = 0
+    if shards > 1:
+        gathered_training = 2 * layer_bytes + m.vocab_size * m.hidden_size * d
+        # every layer stays gathered (beyond the two counted) and each trainable parameter
+        # has a float32 gradient sum, unsharded
+        trainable = m.num_params
+        if x.lora_rank is not None:
+            trainable = x.lora_trainable_params or lora_trainable_params(m, x.lora_rank)
+        gathered_all = m.num_params * d - weights - gathered_training
+        unsharded_accumulation = max(gathered_all, 0) + trainable * 4
     return _Sizes(
         usable=x.free_bytes - reserve,
         reserve=reserve,
@@ -268,7 +282,8 @@ def _sizes(x: PlanInputs) -> _Sizes:
         optimizer=optimizer,
         head_grad=head_grad,
         gathered_generation=m.num_params * d - weights if shards > 1 else 0,
-        gathered_training=2 * layer_bytes + m.vocab_size * m.hidden_size * d if shards > 1 else 0,
+        gathered_training=gathered_training,
+        unsharded_accumulation=unsharded_accumulation,
         logits_chunk=x.logits_chunk_tokens * m.vocab_size * (d + 8),
         generation=sampling + prefill,
         kv_per_token=m.kv_bytes_per_token,
@@ -310,14 +325,42 @@ def plan_memory(x: PlanInputs) -> Plan:
     if choice is None:
         raise _refusal(x, s)
     checkpointing, tokens, pages = choice
+    unsharded = _accumulate_unsharded(x, s, checkpointing, tokens, pages)
     return Plan(
         kv_cache_bytes=pages * s.page_bytes(x.page_size),
         kv_pages=pages,
         page_size=x.page_size,
         micro_batch_tokens=tokens,
         gradient_checkpointing=checkpointing,
-        rows=_rows(x, s, checkpointing, tokens, pages),
+        rows=_rows(x, s, checkpointing, tokens, pages, unsharded),
+        accumulate_unsharded=unsharded,
     )
+
+
+def training_peak(x: PlanInputs, s: _Sizes, checkpointing: bool, tokens: int, pages: int) -> int:
+    kv = pages * s.page_bytes(x.page_size)
+    activations = tokens * activation_bytes_per_token(x, checkpointing)
+    return s.training_fixed + kv_in_training(x, kv) + activations
+
+
+def _accumulate_unsharded(
+    x: PlanInputs, s: _Sizes, checkpointing: bool, tokens: int, pages: int
+) -> bool:
+    """FSDP's micro-batches keep their layers gathered and sum gradients unsharded when that
+    fits beside the chosen training peak (the micro-batch and the KV pool are never shrunk for
+    it); a forced `true` that does not fit is refused, naming what would."""
+    if x.accumulate_unsharded is False or (x.num_shards <= 1 and x.accumulate_unsharded is None):
+        return False  # (one process has nothing to gather or reduce: nothing to choose)
+    room = s.usable - training_peak(x, s, checkpointing, tokens, pages)
+    fits = s.unsharded_accumulation <= room
+    if x.accumulate_unsharded and not fits:
+        raise ConfigError(
+            f"{SETTING_UNSHARDED} = true needs {format_bytes(s.unsharded_accumulation)} more per "
+            f"process during training (the gathered weights and a float32 gradient per "
+            f"parameter) but {format_bytes(max(room, 0))} is left beside the training peak; set "
+            f'{SETTING_UNSHARDED} = false, or leave it "auto" for the planner to choose'
+        )
+    return fits
 
 
 def _check_inputs(x: PlanInputs) -> None:
@@ -481,13 +524,15 @@ def _gpus_needed(x: PlanInputs, s: _Sizes) -> int | None:
     return None
 
 
-def _rows(x: PlanInputs, s: _Sizes, checkpointing: bool, tokens: int, pages: int):
+def _rows(x: PlanInputs, s: _Sizes, checkpointing: bool, tokens: int, pages: int, unsharded: bool):
     m, d = x.model, x.model.dtype_bytes
     per_token = activation_bytes_per_token(x, checkpointing)
     kv = pages * s.page_bytes(x.page_size)
     total_seqs = x.prompts_per_step * x.samples_per_prompt
     seqs_held = min(total_seqs, pages * total_seqs // s.kv_want_pages)
-    training_peak = s.training_fixed + kv_in_training(x, kv) + tokens * per_token
+    peak_training = training_peak(x, s, checkpointing, tokens, pages)
+    if unsharded:
+        peak_training += s.unsharded_accumulation
     generation_peak = s.generation_fixed + kv
     shards = x.num_shards
     per = f" / {shards} processes (FSDP shard)" if shards > 1 else ""
@@ -500,6 +545,16 @@ def _rows(x: PlanInputs, s: _Sizes, checkpointing: bool, tokens: int, pages: int
         rows += [
             ("gathered weights, generation", s.gathered_generation, "the other shards, gathered"),
             ("gathered weights, training", s.gathered_training, "two layers + embeddings"),
+            (
+                "unsharded accumulation",
+                s.unsharded_accumulation if unsharded else 0,
+                "all layers gathered + float32 gradient sums for the step: "
+                + (
+                    "on"
+                    if unsharded
+                    else f"off (would need {format_bytes(s.unsharded_accumulation)})"
+                ),
+            ),
         ]
     if x.lora_rank is None:
         state_bytes = OPTIMIZER_STATE_BYTES[x.optimizer]
@@ -537,9 +592,9 @@ def _rows(x: PlanInputs, s: _Sizes, checkpointing: bool, tokens: int, pages: int
             + ("; freed for the update" if x.kv_released_in_training else ""),
         ),
         ("generation working set", s.generation, "sampling logits + one prefill chunk"),
-        ("peak, training phase", training_peak, ""),
+        ("peak, training phase", peak_training, ""),
         ("peak, generation phase", generation_peak, ""),
-        ("headroom", s.usable - max(training_peak, generation_peak), "unused after the reserve"),
+        ("headroom", s.usable - max(peak_training, generation_peak), "unused after the reserve"),
     ]
     return tuple(rows)
 

@@ -61,9 +61,14 @@ def load_policy(cfg, ctx: RunContext) -> tuple[Policy, TrainerState, Path | None
     choice, _ = plan_run(cfg, tokenizer, probe_lengths(cfg, tokenizer), state.micro_batch_tokens)
     resolve_memory(cfg, choice)
     state.micro_batch_tokens = choice.micro_batch_tokens
+    sharded = ""
+    if choice.num_shards > 1:
+        how = "unsharded" if choice.accumulate_unsharded else "reduced every micro-batch"
+        sharded = f", FSDP over {choice.num_shards} processes, gradients {how}"
     console.print(
         f"memory: micro-batches of <= {choice.micro_batch_tokens} tokens, gradient "
-        f"checkpointing {'on' if choice.gradient_checkpointing else 'off'} ({choice.budget_note})"
+        f"checkpointing {'on' if choice.gradient_checkpointing else 'off'}{sharded} "
+        f"({choice.budget_note})"
     )
     model, source = build_model(cfg, ctx.run_dir, ckpt, state, device, dtype)
     model = shard_model(model)  # FSDP2 under torchrun; one process: as it is
@@ -201,6 +206,8 @@ def sft_phase(
                 micro_batch_tokens=cfg.train.micro_batch_tokens,
                 poison=poison,
                 masks=masks,
+                accumulate_unsharded=getattr(cfg, "distributed", None) is not None
+                and cfg.distributed.accumulate_unsharded is True,
             )
         state.step = step
         logger.log(step, {**metrics, **faults.step_metrics()}, phase="sft")

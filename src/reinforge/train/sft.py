@@ -16,7 +16,7 @@ import time
 import torch
 
 from reinforge.data.chat import chat_example
-from reinforge.distributed import clip_grad_norm, loss_scale, sum_over_ranks
+from reinforge.distributed import accumulation, clip_grad_norm, loss_scale, sum_over_ranks
 from reinforge.envs.sources import EnvTasks
 from reinforge.train.common import eos_ids
 from reinforge.train.forward import completion_rows, micro_batches
@@ -58,6 +58,7 @@ def sft_step(
     micro_batch_size: int | None = None,
     poison: bool = False,
     masks: list[list[int]] | None = None,
+    accumulate_unsharded: bool = False,
 ) -> dict[str, float]:
     """One optimizer step: token-mean negative log-likelihood of the responses over the whole
     batch, in packed micro-batches of at most `micro_batch_tokens` tokens (default: the whole
@@ -66,7 +67,7 @@ def sft_step(
     `poison` (a fault-injection drill) makes the loss NaN. `masks` (one 0/1 per response token)
     leaves tokens out of the loss, such as a conversation's user turns; default: all count.
     In a distributed run these are this rank's share of the batch; the loss is the global
-    batch's token mean."""
+    batch's token mean; `accumulate_unsharded`: see `distributed.accumulation`."""
     start = time.perf_counter()
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     if micro_batch_tokens is None:
@@ -75,12 +76,15 @@ def sft_step(
     num_tokens = sum_over_ranks(float(sum(map(sum, masks))))  # the global batch's
     total_loss = 0.0
     optimizer.zero_grad(set_to_none=True)
-    for idx in micro_batches(prompts, responses, micro_batch_tokens):
-        loss = -masked_logprob_sum(model, prompts, responses, masks, idx) / num_tokens
-        if poison:
-            loss = loss * math.nan
-        (loss * loss_scale()).backward()  # FSDP averages over ranks (see `distributed`)
-        total_loss += loss.item()
+    batches = micro_batches(prompts, responses, micro_batch_tokens)
+    with accumulation(model, accumulate_unsharded) as before:
+        for i, idx in enumerate(batches):
+            before(last=i == len(batches) - 1)
+            loss = -masked_logprob_sum(model, prompts, responses, masks, idx) / num_tokens
+            if poison:
+                loss = loss * math.nan
+            (loss * loss_scale()).backward()  # FSDP averages over ranks (see `distributed`)
+            total_loss += loss.item()
     total_loss = sum_over_ranks(total_loss)
     grad_norm = clip_grad_norm(model.parameters(), max_grad_norm)
     is_finite = math.isfinite(grad_norm)

@@ -21,7 +21,7 @@ from reinforge.algorithms.losses import LossInputs
 from reinforge.algorithms.mismatch import mismatch_kl
 from reinforge.algorithms.value import clipped_value_loss
 from reinforge.config import TrainConfig
-from reinforge.distributed import clip_grad_norm, loss_scale, reduce_metrics
+from reinforge.distributed import accumulation, clip_grad_norm, loss_scale, reduce_metrics
 from reinforge.train.advantage_step import StepBatch
 from reinforge.train.forward import completion_rows, micro_batches
 from reinforge.train.learner import Learner
@@ -32,9 +32,13 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
     optimizer = learner.optimizer
     totals: dict[str, float] = {}
     optimizer.zero_grad(set_to_none=True)
-    for idx in micro_batches(batch.prompts, batch.completions, cfg.train.micro_batch_tokens):
-        for key, value in micro_step(cfg, learner, batch, idx).items():
-            totals[key] = totals.get(key, 0.0) + float(value)
+    batches = micro_batches(batch.prompts, batch.completions, cfg.train.micro_batch_tokens)
+    unsharded = cfg.distributed.accumulate_unsharded is True  # the plan's choice (`train.memory`)
+    with accumulation(learner.policy.model, unsharded) as before:
+        for i, idx in enumerate(batches):
+            before(last=i == len(batches) - 1)
+            for key, value in micro_step(cfg, learner, batch, idx).items():
+                totals[key] = totals.get(key, 0.0) + float(value)
     # each rank's terms are divided by the global counts: over the ranks they add up
     totals = reduce_metrics(totals, summed=set(totals))
     totals.update(optimizer_step(cfg, learner))
