@@ -178,6 +178,12 @@ def print_table(results: dict) -> None:
             )
         elif peer:
             print(f"| {name} | TRL GRPOTrainer | {peer['error']} | | | | | | |")
+        for label, variant in r.items():
+            if "GPUs" in label and "error" not in variant and "error" not in ours:
+                scale = variant["generated_tok_per_s"] / ours["generated_tok_per_s"]
+                print(
+                    f"| {name} | scaling: {label} vs 1 GPU | **{scale:.2f}x** generated tok/s | | | | | | |"
+                )
         if "error" not in ours and peer and "error" not in peer:
             speed = peer["steady_step_s"] / ours["steady_step_s"]
             memory = 1 - ours["peak_gib"] / peer["peak_gib"]
@@ -208,6 +214,12 @@ def main() -> None:
         help="also run reinforge on this many GPUs of the machine (torchrun + FSDP2, the same "
         "config and global batch): one more row, 'reinforge N GPUs'",
     )
+    p.add_argument(
+        "--weak",
+        action="store_true",
+        help="with --nproc N: one more N-GPU run with N times the prompts per step (the same "
+        "batch per GPU as the one-GPU run): throughput scaling at a fixed per-GPU batch",
+    )
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     a = p.parse_args()
     out = Path(a.out)
@@ -225,6 +237,12 @@ def main() -> None:
             variant = run_reinforge(name, w, a.steps, out, nproc=a.nproc)
             results[name][f"reinforge {a.nproc} GPUs"] = variant
             print(name, "reinforge", a.nproc, "GPUs", json.dumps(variant), flush=True)
+        if a.nproc > 1 and a.weak:  # the same batch per GPU: N times the prompts per step
+            wide = {**w, "prompts": w["prompts"] * a.nproc}
+            grow = [f"rollout.prompts_per_step={wide['prompts']}"]
+            variant = run_reinforge(name, wide, a.steps, out, overrides=grow, nproc=a.nproc)
+            results[name][f"reinforge {a.nproc} GPUs, {a.nproc}x prompts"] = variant
+            print(name, "reinforge", a.nproc, "GPUs weak", json.dumps(variant), flush=True)
         if not a.skip_peer:
             results[name]["peer"] = run_peer(name, w, a.peer_steps, out)
             print(name, "peer", json.dumps(results[name]["peer"]), flush=True)
