@@ -76,6 +76,45 @@ def checkpoints_dir(run_dir: Path) -> Path:
     return run_dir / "checkpoints"
 
 
+def checkpoint_bytes(model, optimizer_state_bytes: int) -> int:
+    """About what one checkpoint of `model` writes: its weights (a LoRA model: the adapter
+    only), `optimizer_state_bytes` per trainable parameter, and, under torchrun, the weights once
+    more in the sharded copy. Global sizes: a DTensor shard counts as its whole tensor."""
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    saved = trainable if hasattr(model, "peft_config") else params
+    weights = sum(p.numel() * p.element_size() for p in saved)
+    states = sum(p.numel() for p in trainable) * optimizer_state_bytes
+    return weights + states + (weights if is_distributed() else 0)
+
+
+def check_disk_room(run_dir: Path, need: int, keep_last: int) -> str | None:
+    """Before training: a ConfigError when one checkpoint of `need` bytes cannot fit where the
+    run writes them (found at the first save otherwise, hours in, as an I/O error deep inside
+    torch.save); a warning (returned) when fewer than `keep_last` + 1 fit (a new checkpoint is
+    written before the oldest is pruned). Every training process agrees."""
+    from reinforge.errors import ConfigError
+
+    probe = checkpoints_dir(run_dir)
+    while not probe.exists():
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if any_rank(free < need):
+        raise ConfigError(
+            f"a checkpoint of this run is about {need / 2**30:.1f} GiB (weights and optimizer "
+            f"states) but {probe} has {free / 2**30:.1f} GiB free: set run.output_dir to a folder "
+            f"on a disk with at least {need / 2**30:.0f} GiB free"
+        )
+    fits = free // max(need, 1)
+    if fits < keep_last + 1:
+        return (
+            f"disk: {probe} has room for {fits} checkpoint(s) of {need / 2**30:.1f} GiB; "
+            f"checkpoint.keep_last = {keep_last} needs {keep_last + 1} while a new one is written "
+            f"(set checkpoint.keep_last = {max(fits - 1, 1)}, or free space)"
+        )
+    return None
+
+
 def save_checkpoint(
     run_dir: Path,
     name: str,

@@ -14,13 +14,15 @@ import torch
 from reinforge import faults, watchdog
 from reinforge.checkpoint import (
     TrainerState,
+    check_disk_room,
+    checkpoint_bytes,
     checkpoints_dir,
     latest_checkpoint,
     load_optimizer,
     load_trainer_state,
     save_checkpoint,
 )
-from reinforge.distributed import any_rank, is_main, shard_model, share
+from reinforge.distributed import any_rank, is_generator, is_main, shard_model, share
 from reinforge.engine.base import Engine
 from reinforge.engine.factory import build_engine
 from reinforge.eval import EvalResult, evaluate
@@ -73,6 +75,12 @@ def load_policy(cfg, ctx: RunContext) -> tuple[Policy, TrainerState, Path | None
     model, source = build_model(cfg, ctx.run_dir, ckpt, state, device, dtype)
     model = shard_model(model)  # FSDP2 under torchrun; one process: as it is
     watchdog.beat_on_forward(model)  # every forward is progress for the hang watchdog
+    if not is_generator():  # the processes that save
+        state_bytes = 2 * STATE_DTYPES[cfg.optim.state_dtype].itemsize  # AdamW's two moments
+        need = checkpoint_bytes(model, state_bytes)
+        warning = check_disk_room(ctx.run_dir, need, cfg.checkpoint.keep_last)
+        if warning:
+            console.print(f"[yellow]{warning}[/yellow]")
     engine = policy_engine(cfg, model, tokenizer, choice.kv_cache_bytes)
     policy = Policy(model, tokenizer, engine, device, source, choice.kv_cache_bytes)
     return policy, state, ckpt
