@@ -13,6 +13,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from reinforge.engine.factory import ENGINES
 from reinforge.errors import ConfigError
 
 MODEL_HELP = (
@@ -20,7 +21,6 @@ MODEL_HELP = (
     "folder; a LoRA adapter is merged into its base), an HF model folder or hub name, or "
     "builtin:tiny"
 )
-ENGINES = ["auto", "paged", "simple"]
 
 
 def add_parsers(sub) -> None:

@@ -65,3 +65,14 @@ def test_without_a_budget_the_cpu_pool_grows_to_run_everything_at_once(models, t
     assert engine.stats.extra["kv_blocks_peak"] == engine.num_blocks
     engine.generate(prompts[:2], SamplingParams(max_new_tokens=4, n=2))
     assert engine.num_blocks == 32 * (2 + 8 * 5), "a smaller request keeps the pool"
+
+
+def test_the_config_and_the_cli_offer_the_factorys_engines():
+    import typing
+
+    from reinforge.cli_models import ENGINES as CLI_ENGINES
+    from reinforge.config import RolloutSection
+    from reinforge.engine.factory import ENGINES
+
+    assert typing.get_args(RolloutSection.model_fields["engine"].annotation) == ENGINES
+    assert CLI_ENGINES is ENGINES
