@@ -8,12 +8,21 @@ from __future__ import annotations
 
 import os
 import sys
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 from pathlib import Path
 
 import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+# the README's demo: its RL steps, read from the config it runs
+QUICKSTART_STEPS = tomllib.loads((REPO / "configs" / "quickstart.toml").read_text())["run"][
+    "max_steps"
+]
 
 
 def pytest_configure(config):

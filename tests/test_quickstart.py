@@ -8,7 +8,7 @@ import pytest
 
 from reinforge.errors import ExitCode
 
-from .conftest import cli
+from .conftest import QUICKSTART_STEPS, cli
 
 
 @pytest.mark.slow
@@ -25,6 +25,6 @@ def test_quickstart_rl_raises_held_out_accuracy(tmp_path):
     print(
         f"quickstart: held-out accuracy {before:.3f} -> {after:.3f} in {wall:.0f} s; curve {evals}"
     )
-    assert evals[0][0] == 0 and evals[-1][0] == 80
+    assert evals[0][0] == 0 and evals[-1][0] == QUICKSTART_STEPS
     assert after - before >= 0.20, evals
     assert "held-out accuracy after" in out.stdout

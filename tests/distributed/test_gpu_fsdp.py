@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import QUICKSTART_STEPS, REPO
 from tests.train.test_gpu_train import SHAPE_RUN as ONE_GPU_RUN
 
 pytestmark = [
@@ -57,7 +57,7 @@ def test_quickstart_learns_on_two_gpus(tmp_path):
     evals = [r["eval_accuracy"] for r in rows if r.get("phase") == "rl" and "eval_accuracy" in r]
     print(f"quickstart on 2 GPUs: held-out accuracy {evals[0]:.2f} -> {evals[-1]:.2f}")
     assert evals[-1] > evals[0] + 0.15
-    assert (tmp_path / "qs" / "checkpoints" / "step_000080" / "dcp").is_dir()
+    assert (tmp_path / "qs" / "checkpoints" / f"step_{QUICKSTART_STEPS:06d}" / "dcp").is_dir()
 
 
 @pytest.mark.parametrize("lora", [False, True])
