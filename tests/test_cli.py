@@ -1,6 +1,7 @@
 """The command line, run as a user would: real subprocesses, real run directories."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -94,6 +95,18 @@ def test_train_end_to_end_then_zero_step_resume_fails(tmp_path):
     again = cli(*args, "--resume", str(run))
     assert again.returncode == ExitCode.NOTHING_TRAINED
     assert "nothing was trained" in again.stderr and "raise run.max_steps" in again.stderr
+
+    # stopped between SFT and RL's first checkpoint: the resume starts RL from sft_final and
+    # does not log the before-RL evaluation a second time
+    for step in run.glob("checkpoints/step_*"):
+        shutil.rmtree(step)
+    (run / "checkpoints" / "latest").write_text("sft_final")
+    resumed = cli(*args, "--resume", str(run))
+    assert resumed.returncode == ExitCode.OK, resumed.stdout + resumed.stderr
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["phase"] == "rl" and "reward_mean" in r] == [1, 2, 3]
+    before_rl = [r for r in rows if r["phase"] == "rl" and r["step"] == 0 and "eval_accuracy" in r]
+    assert len(before_rl) == 1
 
 
 def test_existing_run_dir_is_not_clobbered(tmp_path):

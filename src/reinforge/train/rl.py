@@ -82,7 +82,10 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
             state = sft_phase(cfg, ctx, policy, tasks, state, ckpt, logger, cfg.sft.steps)
             ckpt = None  # RL starts fresh from the SFT result
         learner = build_learner(cfg, ctx, policy, ckpt, state)
-        if state.step == 0 and cfg.eval.before_train:
+        # a run resumed from `sft_final` may have logged it already (every rank follows rank 0,
+        # which alone has the log: the evaluation is collective under FSDP)
+        logged = any_rank(is_main() and first_eval_from_log(ctx.run_dir) is not None)
+        if state.step == 0 and cfg.eval.before_train and not logged:
             log_eval(cfg, policy, tasks, logger, 0, eval_tokens, "before RL")
         summary.eval_before = first_eval_from_log(ctx.run_dir)
         start_step = state.step
