@@ -12,12 +12,15 @@ from reinforge.models.tiny import builtin_path
 from reinforge.train.common import pad_batch, token_logprobs
 from reinforge.train.packing import (
     VARLEN,
+    VARLEN_PADDED,
     VARLEN_REFERENCE,
     PackSequence,
     block_causal_mask,
     pack,
     packed_logprobs,
+    padded_varlen_kernel,
     plan_micro_batches,
+    reference_varlen_kernel,
     select_packed_attention,
     unpack,
 )
@@ -175,7 +178,7 @@ def test_block_causal_mask():
 # Packed == padded on the micro model
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager", "reference"])
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "reference", "padded"])
 def test_packed_matches_padded_values_and_gradients(attention):
     seqs = random_sequences(6, seed=1)
     weights = [
@@ -189,8 +192,9 @@ def test_packed_matches_padded_values_and_gradients(attention):
     loss.backward()
 
     packed = load_micro("eager" if attention == "eager" else "sdpa")
-    if attention == "reference":
-        assert select_packed_attention(packed, "reference") == VARLEN_REFERENCE
+    if attention in ("reference", "padded"):
+        name = {"reference": VARLEN_REFERENCE, "padded": VARLEN_PADDED}[attention]
+        assert select_packed_attention(packed, attention) == name
     batches = pack(seqs, max_tokens=48)
     assert len(batches) >= 2
     total = 0.0
@@ -289,9 +293,36 @@ def test_unsupported_attention_implementation_is_a_config_error():
         packed_logprobs(model, batch)
 
 
-def test_auto_keeps_the_mask_path_on_cpu():
+def test_auto_picks_padded_varlen_on_cpu_and_an_eager_model_keeps_its_mask():
+    assert select_packed_attention(load_micro(), "auto") == VARLEN_PADDED
+    assert select_packed_attention(load_micro("eager"), "auto") == "eager"
     model = load_micro()
-    assert select_packed_attention(model, "auto") == "sdpa"
+    select_packed_attention(model, "auto")
+    assert select_packed_attention(model, "mask") == "sdpa"
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [
+        [5, 1, 9, 3, 9, 2],  # padded rows: S*T^2 = 486 <= L^2 = 841
+        [40, 1, 2, 1, 3, 1, 2, 1],  # one long sequence: padding would cost more, the mask is used
+        [7],
+    ],
+)
+def test_padded_kernel_matches_the_per_sequence_reference_with_grouped_heads(lengths):
+    gen = torch.Generator().manual_seed(len(lengths))
+    length = sum(lengths)
+    cu_S1 = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    inputs = [torch.randn(length, heads, 8, generator=gen) for heads in (4, 2, 2)]
+    results = []
+    for kernel in (padded_varlen_kernel, reference_varlen_kernel):
+        q, k, v = (x.clone().requires_grad_() for x in inputs)
+        out = kernel(q, k, v, cu_S1, max(lengths), 0.3)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        results.append((out.detach(), q.grad, k.grad, v.grad))
+    assert results[0][0].shape == (length, 4, 8)
+    for padded, reference in zip(*results):
+        torch.testing.assert_close(padded, reference, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.gpu
@@ -316,7 +347,7 @@ def test_varlen_kernel_matches_reference_on_cuda():
     torch.testing.assert_close(results[0][1], results[1][1], atol=5e-2, rtol=5e-2)
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "reference"])
+@pytest.mark.parametrize("attention", ["sdpa", "reference", "padded"])
 def test_gradient_checkpointing_keeps_values_and_gradients(attention):
     """The boundaries (mask or cu_seq_lens kwargs) reach layers that are recomputed."""
     seqs = random_sequences(4, seed=6)
@@ -324,8 +355,8 @@ def test_gradient_checkpointing_keeps_values_and_gradients(attention):
     results = []
     for checkpointing in (False, True):
         model = load_micro()
-        if attention == "reference":
-            select_packed_attention(model, "reference")
+        if attention != "sdpa":
+            select_packed_attention(model, attention)
         if checkpointing:
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}

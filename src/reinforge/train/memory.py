@@ -13,10 +13,10 @@ the budget it plans in, and the choices the trainer takes from it.
   whole step's rollout when it fits beside training), or `rollout.kv_cache_bytes` when set (the
   planner plans around it). The engine never sizes itself from "all free memory" in a run: the
   trainer shares the device.
-- Caps: packed micro-batches on a CPU attend through a block-diagonal [L, L] mask, whose cost
-  grows with L^2 while the planner models flash-style attention, so on a CPU a chosen budget is
-  capped at `CPU_MAX_MICRO_TOKENS`; the deprecated `train.micro_batch_size` caps it at that many
-  full-length sequences. Neither cap goes below one full sequence.
+- Caps: on a CPU a chosen budget is capped at `CPU_MAX_MICRO_TOKENS`: past it micro-batches get
+  no faster (their GEMMs already run at the cores' peak) and only take RAM; the deprecated
+  `train.micro_batch_size` caps it at that many full-length sequences. Neither cap goes below
+  one full sequence.
 - The planner is told the AdamW state dtype (`optim.state_dtype`), the weight dtype, and for LoRA
   the exact trainable parameter count (`train.lora.bind_on_meta`, which also refuses an adapter
   that binds nothing, before any weights load).
@@ -45,10 +45,11 @@ from reinforge.train.planner import (
     plan_memory,
 )
 
-# Forward + backward of the quickstart's step (tiny model, 256 sequences of 17-32 tokens, one CPU
-# thread): padded, one batch 2.03 s; packed micro-batches of 256 tokens 1.44 s, 512: 1.67 s,
-# 1024: 1.89 s, 2048: 2.69 s, 8192: 6.87 s, where the [L, L] attention of one row dominates.
-CPU_MAX_MICRO_TOKENS = 512
+# The quickstart on 2 CPU cores, padded varlen attention (`train.packing`): its SFT step (64
+# sequences, 2,191 tokens) 0.79 s in micro-batches of 512 tokens, 0.75 s at 1,024, 0.73 s at 2,048,
+# 0.74 s at 4,096; its RL step 2.85 s at 512, 2.65 s at 2,048 (matmuls at ~82 GFLOP/s, the cores'
+# peak, in all of them). With the block-diagonal mask, 512 was best (0.96 s): L^2 attention.
+CPU_MAX_MICRO_TOKENS = 2048
 DEFAULT_MICRO_TOKENS = 8192
 NUM_TRAIN_PROMPTS_PROBED = 512
 REQUIRED_CONFIG_KEYS = (
