@@ -81,6 +81,8 @@ def summarise(rows: list[dict], w: dict, wall: float, profile_step: int = 0) -> 
     completions = w["prompts"] * w["group"]
     generated = completions * w["new_tokens"]
     trained = completions * (w["prompt_len"] + w["new_tokens"])
+    # what the trainer computes: each prompt once for its group (`train.packing`, shared prompts)
+    computed = w["prompts"] * w["prompt_len"] + generated
     shape = json.loads((ROOT / w["shape"]).read_text())
     params = model_params(shape)
     train_s = med("train_s")
@@ -95,7 +97,7 @@ def summarise(rows: list[dict], w: dict, wall: float, profile_step: int = 0) -> 
         "generated_tok_per_s": round(generated / med("step_s")),
         "rollout_tok_per_s": round(generated / med("generate_s")),
         "train_tok_per_s": round(trained / train_s),
-        "train_mfu_vs_796tflops": round(flops_per_token * trained / train_s / 796e12, 3),
+        "train_mfu_vs_796tflops": round(flops_per_token * computed / train_s / 796e12, 3),
         "peak_gib": round(max(r.get("gpu_peak_gib", 0.0) for r in rows), 2),
         "wall_s": round(wall, 1),
     }

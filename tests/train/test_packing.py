@@ -15,12 +15,15 @@ from reinforge.train.packing import (
     VARLEN_PADDED,
     VARLEN_REFERENCE,
     PackSequence,
-    block_causal_mask,
+    batch_segments,
     pack,
     packed_logprobs,
     padded_varlen_kernel,
+    plain_segments,
     plan_micro_batches,
+    plan_shared_micro_batches,
     reference_varlen_kernel,
+    segment_mask,
     select_packed_attention,
     unpack,
 )
@@ -63,6 +66,24 @@ def random_sequences(num: int, seed: int = 0, with_mask: bool = True) -> list[Pa
             )
         )
     return seqs
+
+
+def grouped_sequences(groups: int, per_group: int, seed: int = 0) -> list[PackSequence]:
+    """GRPO-like: `groups` prompts with `per_group` completions each (one group's members apart
+    in the list, as after a shuffle), plus two sequences of their own."""
+    singles = random_sequences(groups + 2, seed=seed)
+    seqs = [
+        PackSequence(
+            singles[g].prompt_ids,
+            other.completion_ids,
+            other.loss_mask,
+            other.token_values,
+            other.seq_values,
+        )
+        for m in range(per_group)
+        for g, other in enumerate(random_sequences(groups, seed=seed * 100 + m + 1))
+    ]
+    return [*seqs, *singles[groups:]]
 
 
 def padded_reference(model, seqs: list[PackSequence]):
@@ -121,6 +142,22 @@ def test_plan_min_micro_batches_and_empty():
     assert len(plan_micro_batches([3, 3], 100, min_micro_batches=5)) == 2  # one sequence each
 
 
+def test_shared_plan_keeps_a_group_together_and_counts_its_prompt_once():
+    prompts = [[1] * 10, [2] * 10, [1] * 10, [2] * 10, [1] * 10, [3] * 4]
+    completions = [5, 5, 5, 5, 5, 20]
+    bins = plan_shared_micro_batches(prompts, completions, max_tokens=34)
+    assert sorted(map(tuple, bins)) == [(0, 2, 4), (1, 3), (5,)]  # group 1: 10 + 3 * 5 tokens
+    # a group that cannot fit one micro-batch is split, each part carrying the prompt
+    bins = plan_shared_micro_batches(prompts, completions, max_tokens=24)
+    group_1 = [b for b in bins if 0 in b or 2 in b or 4 in b]
+    assert len(group_1) == 2 and sorted(i for b in group_1 for i in b) == [0, 2, 4]
+    # without sharing: the sequences one by one
+    lengths = [len(p) + c for p, c in zip(prompts, completions)]
+    assert plan_shared_micro_batches(prompts, completions, 40, share_prompts=False) == (
+        plan_micro_batches(lengths, 40)
+    )
+
+
 def test_sequence_longer_than_budget_names_the_setting():
     with pytest.raises(ConfigError, match=r"train\.micro_batch_tokens = 10 .* >= 12"):
         plan_micro_batches([5, 12], max_tokens=10)
@@ -146,8 +183,10 @@ def test_layout_positions_boundaries_targets_and_extras():
     [batch] = pack(seqs, max_tokens=100)
     assert batch.input_ids_L.tolist() == [10, 11, 12, 20, 21, 30, 40, 41, 42]
     assert batch.position_ids_L.tolist() == [0, 1, 2, 3, 4, 0, 1, 2, 3]
-    assert batch.cu_seqlens_S1.tolist() == [0, 5, 9] and batch.cu_seqlens_S1.dtype == torch.int32
-    assert batch.max_seqlen == 5
+    assert batch.cu_segments_G1.tolist() == [0, 5, 9]
+    assert batch.cu_segments_G1.dtype == torch.int32
+    assert batch.max_segment == batch.max_keys == 5
+    assert batch.key_index_J is None  # no prompt shared: each segment's keys are its own tokens
     # token 20 is predicted from position 2 (token 12); token 40 from position 5 (token 30)
     assert batch.target_positions_K.tolist() == [2, 3, 5, 6, 7]
     assert batch.targets_K.tolist() == [20, 21, 40, 41, 42]
@@ -159,8 +198,46 @@ def test_layout_positions_boundaries_targets_and_extras():
     assert [x.tolist() for x in unpack(batch.values_K["v"], batch)] == [[0.5, 0.25], [1, 2, 3]]
 
 
+def test_shared_prompt_layout_targets_keys_and_mask():
+    seqs = [
+        PackSequence([10, 11], [20, 21]),
+        PackSequence([5], [6, 7]),
+        PackSequence([10, 11], [30]),
+        PackSequence([10, 11], []),  # an empty completion: nothing to predict, no segment
+    ]
+    [batch] = pack(seqs, max_tokens=100)
+    # the shared prompt once, then each completion; positions continue the prompt's
+    assert batch.input_ids_L.tolist() == [10, 11, 20, 21, 30, 5, 6, 7]
+    assert batch.position_ids_L.tolist() == [0, 1, 2, 3, 2, 0, 1, 2]
+    assert batch.cu_segments_G1.tolist() == [0, 2, 4, 5, 8]
+    assert batch.key_index_J.tolist() == [0, 1, 0, 1, 2, 3, 0, 1, 4, 5, 6, 7]
+    assert batch.cu_keys_G1.tolist() == [0, 2, 6, 9, 12]
+    assert (batch.max_segment, batch.max_keys) == (3, 4)
+    # K layout in the given order: the first token of 20 21 and of 30 comes from position 1
+    assert batch.target_positions_K.tolist() == [1, 2, 5, 6, 1]
+    assert batch.targets_K.tolist() == [20, 21, 6, 7, 30]
+    assert batch.num_completion_tokens == (2, 2, 1, 0)
+    expected = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0, 0, 0],
+            [1, 1, 0, 0, 1, 0, 0, 0],
+            [0, 0, 0, 0, 0, 1, 0, 0],
+            [0, 0, 0, 0, 0, 1, 1, 0],
+            [0, 0, 0, 0, 0, 1, 1, 1],
+        ],
+        dtype=torch.bool,
+    )
+    assert torch.equal(segment_mask(batch_segments(batch), 8, "cpu"), expected)
+    [unshared] = pack(seqs, max_tokens=100, share_prompts=False)
+    assert unshared.key_index_J is None and unshared.num_tokens == 12
+    assert unshared.targets_K.tolist() == [20, 21, 6, 7, 30]
+
+
 def test_block_causal_mask():
-    mask = block_causal_mask(torch.tensor([0, 2, 5], dtype=torch.int32), 5, "cpu")[0, 0]
+    mask = segment_mask(plain_segments(torch.tensor([0, 2, 5], dtype=torch.int32)), 5, "cpu")
     expected = torch.tensor(
         [
             [1, 0, 0, 0, 0],
@@ -212,6 +289,42 @@ def test_packed_matches_padded_values_and_gradients(attention):
             total = total + (lp * weights[i]).sum()
     total.backward()
     for (name, p_ref), p in zip(padded.named_parameters(), packed.parameters()):
+        torch.testing.assert_close(p.grad, p_ref.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager", "reference", "padded"])
+def test_shared_prompts_give_each_sequence_its_own_values_and_gradients(attention):
+    """A group's prompt runs once for all its completions: logprobs, entropies and the
+    gradients of any weighted sum equal those of the sequences run one by one."""
+    seqs = grouped_sequences(groups=3, per_group=4, seed=7)
+    weights = [
+        torch.randn(len(s.completion_ids), generator=torch.Generator().manual_seed(i))
+        for i, s in enumerate(seqs)
+    ]
+    separate = load_micro()
+    logprobs_BT, entropy_BT, _, _ = padded_reference(separate, seqs)
+    sum(
+        (completion_slice(logprobs_BT, seqs, i) * w).sum() for i, w in enumerate(weights)
+    ).backward()
+
+    shared = load_micro("eager" if attention == "eager" else "sdpa")
+    if attention in ("reference", "padded"):
+        select_packed_attention(shared, attention)
+    batches = pack(seqs, max_tokens=60)
+    assert len(batches) >= 2 and all(b.num_tokens <= 60 for b in batches)
+    assert sum(b.num_tokens for b in batches) < sum(s.num_tokens for s in seqs) - 2 * 3 * 3
+    assert all(b.key_index_J is not None for b in batches)
+    total = 0.0
+    for batch in batches:
+        logprobs_K, entropy_K = packed_logprobs(shared, batch, TEMPERATURE, chunk_size=5)
+        for i, lp, ent in zip(batch.indices, unpack(logprobs_K, batch), unpack(entropy_K, batch)):
+            expected = completion_slice(logprobs_BT, seqs, i)
+            torch.testing.assert_close(lp, expected, atol=1e-5, rtol=1e-5)
+            expected = completion_slice(entropy_BT, seqs, i)
+            torch.testing.assert_close(ent, expected, atol=1e-5, rtol=1e-5)
+            total = total + (lp * weights[i]).sum()
+    total.backward()
+    for (name, p_ref), p in zip(separate.named_parameters(), shared.parameters()):
         torch.testing.assert_close(p.grad, p_ref.grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
@@ -317,12 +430,61 @@ def test_padded_kernel_matches_the_per_sequence_reference_with_grouped_heads(len
     results = []
     for kernel in (padded_varlen_kernel, reference_varlen_kernel):
         q, k, v = (x.clone().requires_grad_() for x in inputs)
-        out = kernel(q, k, v, cu_S1, max(lengths), 0.3)
+        out = kernel(q, k, v, plain_segments(cu_S1), 0.3)
         (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
         results.append((out.detach(), q.grad, k.grad, v.grad))
     assert results[0][0].shape == (length, 4, 8)
     for padded, reference in zip(*results):
         torch.testing.assert_close(padded, reference, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("long_single", [False, True])
+def test_padded_kernel_matches_the_reference_with_shared_prompts(long_single):
+    """Shared-prompt segments (more keys than queries), padded rows or, with one long sequence
+    beside many short segments, the dense mask over the key stream."""
+    seqs = grouped_sequences(groups=2, per_group=3, seed=11)
+    if long_single:
+        seqs = [PackSequence(s.prompt_ids, s.completion_ids) for s in seqs]
+        seqs.append(PackSequence(list(range(3, 60)), list(range(3, 40))))
+    [batch] = pack(seqs, max_tokens=1000)
+    seg = batch_segments(batch)
+    length = batch.num_tokens
+    dense = seg.num_segments * seg.max_q * seg.max_k > length * seg.key_index_J.numel()
+    assert dense == long_single
+    gen = torch.Generator().manual_seed(3)
+    inputs = [torch.randn(length, heads, 8, generator=gen) for heads in (4, 2, 2)]
+    results = []
+    for kernel in (padded_varlen_kernel, reference_varlen_kernel):
+        q, k, v = (x.clone().requires_grad_() for x in inputs)
+        out = kernel(q, k, v, seg, 0.3)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        results.append((out.detach(), q.grad, k.grad, v.grad))
+    for padded, reference in zip(*results):
+        torch.testing.assert_close(padded, reference, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_varlen_kernel_matches_reference_on_cuda_with_shared_prompts():
+    """Flash varlen with more keys than queries per segment must align the causal diagonal to
+    the last key, which shared prompts rely on."""
+    from reinforge.train.packing import _torch_varlen
+
+    if _torch_varlen() is None:
+        pytest.skip("torch has no torch.nn.attention.varlen")
+    [batch] = pack(grouped_sequences(groups=3, per_group=4, seed=5), max_tokens=1000)
+    assert batch.key_index_J is not None
+    batch = batch.to("cuda")
+    results = []
+    for prefer in ("auto", "reference"):
+        model = load_micro().to("cuda", torch.bfloat16)
+        assert select_packed_attention(model, prefer) == (
+            VARLEN if prefer == "auto" else VARLEN_REFERENCE
+        )
+        logprobs_K, _ = packed_logprobs(model, batch)
+        logprobs_K.sum().backward()
+        results.append((logprobs_K.detach(), model.model.layers[0].self_attn.q_proj.weight.grad))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(results[0][1], results[1][1], atol=5e-2, rtol=5e-2)
 
 
 @pytest.mark.gpu
@@ -348,9 +510,10 @@ def test_varlen_kernel_matches_reference_on_cuda():
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "reference", "padded"])
-def test_gradient_checkpointing_keeps_values_and_gradients(attention):
-    """The boundaries (mask or cu_seq_lens kwargs) reach layers that are recomputed."""
-    seqs = random_sequences(4, seed=6)
+@pytest.mark.parametrize("shared", [False, True])
+def test_gradient_checkpointing_keeps_values_and_gradients(attention, shared):
+    """The boundaries (mask or cu_seq_lens kwargs, the key index) reach recomputed layers."""
+    seqs = grouped_sequences(2, 3, seed=6) if shared else random_sequences(4, seed=6)
     [batch] = pack(seqs, max_tokens=200)
     results = []
     for checkpointing in (False, True):

@@ -1,10 +1,10 @@
 """The trainer's one forward: per-token logprobs of completions, through packed micro-batches.
 
 A micro-batch's sequences are packed into one row with no padding (`train.packing`: attention
-stays inside each sequence), the decoder runs once, and the LM head runs in chunks on the
-completion positions only (`train.logprobs`), so no [tokens, vocab] logits ever exist.
-`micro_batches` splits a step into micro-batches of at most `train.micro_batch_tokens` tokens,
-balanced by token count.
+stays inside each sequence; the samples of one prompt hold the prompt once), the decoder runs
+once, and the LM head runs in chunks on the completion positions only (`train.logprobs`), so no
+[tokens, vocab] logits ever exist. `micro_batches` splits a step into micro-batches of at most
+`train.micro_batch_tokens` tokens, balanced by token count, a group's samples together.
 
 Rows layout: row s holds sequence s's completion tokens left-aligned, zeros past its end, [S, T]
 with T the longest completion of the micro-batch. The step's per-token data (loss mask, sampler
@@ -29,7 +29,7 @@ from reinforge.train.packing import (
     PackSequence,
     pack_one,
     packed_hidden_states,
-    plan_micro_batches,
+    plan_shared_micro_batches,
 )
 
 
@@ -42,12 +42,20 @@ class Rows:
 
 
 def micro_batches(
-    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], max_tokens: int
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    max_tokens: int,
+    share_prompts: bool = True,
 ) -> list[list[int]]:
     """Indices of the sequences in each micro-batch (each sorted), at most `max_tokens` tokens
-    per micro-batch; a sequence longer than that is a `ConfigError` naming the setting."""
+    per micro-batch, a group's shared prompt counted once (its sequences are kept together where
+    they fit); a sequence longer than that is a `ConfigError` naming the setting."""
     lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
-    return equal_micro_batches(plan_micro_batches(lengths, max_tokens), lengths)
+    completion_lengths = [len(c) for c in completions]
+    plan = plan_shared_micro_batches(
+        prompts, completion_lengths, max_tokens, share_prompts=share_prompts
+    )
+    return equal_micro_batches(plan, lengths)
 
 
 def equal_micro_batches(batches: list[list[int]], lengths: Sequence[int]) -> list[list[int]]:
@@ -75,12 +83,13 @@ def completion_rows(
     completions: Sequence[Sequence[int]],
     temperature: float,
     with_hidden: bool = False,
+    share_prompts: bool = True,
 ) -> Rows:
     """Logprob and entropy of each completion token under `model` (and the final hidden states
     for a value head), as completion rows; the sequences form one packed micro-batch."""
     device = next(model.parameters()).device
     seqs = [PackSequence(p, c) for p, c in zip(prompts, completions)]
-    batch = pack_one(seqs, range(len(seqs))).to(device)
+    batch = pack_one(seqs, range(len(seqs)), share_prompts).to(device)
     # An FSDP-sharded model runs the same function as a registered forward method, which gathers
     # the root's parameters (the LM head among them) around it.
     forward = getattr(model, PACKED_FORWARD, None)

@@ -118,16 +118,25 @@ def score_with_models(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> N
         batch.ref_BT = torch.zeros(shape, device=batch.mask_BT.device)
     if learner.value_head is not None:
         batch.old_values_BT = torch.zeros(shape, device=batch.mask_BT.device)
-    for idx in micro_batches(batch.prompts, batch.completions, cfg.train.micro_batch_tokens):
+    share = cfg.train.share_prompts
+    tokens = cfg.train.micro_batch_tokens
+    for idx in micro_batches(batch.prompts, batch.completions, tokens, share):
         prompts = [batch.prompts[i] for i in idx]
         completions = [batch.completions[i] for i in idx]
         if learner.reference is not None:
             with learner.reference() as reference:
-                rows = completion_rows(reference, prompts, completions, temperature)
+                rows = completion_rows(
+                    reference, prompts, completions, temperature, share_prompts=share
+                )
             batch.ref_BT[idx, : rows.logprobs_ST.shape[1]] = rows.logprobs_ST
         if batch.old_values_BT is not None:
             rows = completion_rows(
-                learner.policy.model, prompts, completions, temperature, with_hidden=True
+                learner.policy.model,
+                prompts,
+                completions,
+                temperature,
+                with_hidden=True,
+                share_prompts=share,
             )
             values_ST = head_values(learner.value_head, rows.hidden_STH)
             batch.old_values_BT[idx, : values_ST.shape[1]] = values_ST

@@ -5,7 +5,14 @@ Contract
 - `pack(seqs, max_tokens)` splits a step's sequences (prompt ids + completion ids) into as few
   micro-batches as the token budget allows, balanced by token count, and lays each out as ONE row
   of concatenated tokens: no padding anywhere, `position_ids` restart at 0 per sequence and
-  `cu_seqlens` marks the boundaries. A sequence is never split.
+  `cu_segments` marks the boundaries. A sequence is never split.
+- Shared prompts: sequences with the same prompt ids (a GRPO group's n samples) are planned into
+  one micro-batch where they fit and hold the prompt ONCE: the prompt is a segment of its own and
+  each completion a segment that attends to the prompt's keys and then its own (positions go on
+  from the prompt's). A group of 8 samples of a 30-token prompt and 5-token answers is 70 tokens
+  instead of 280; values and gradients equal those of the sequences run one by one (the prompt's
+  hidden states are the same in every copy; their gradients add up). Exact equality of the prompt
+  ids is what counts: nothing is assumed about groups.
 - Per-token data lives in the "K layout": the micro-batch's completion tokens, sequence after
   sequence (K = their total). `target_positions_K[k]` is the row position whose output predicts
   completion token k (as in `pad_batch`: the target at position t is token t + 1), so the LM head
@@ -18,24 +25,27 @@ Contract
   then the chunked LM head of `train.logprobs` on the K target positions. It replaces
   `pad_batch` + `token_logprobs` in the RL update.
 
-Attention never crosses sequences. What enforces it depends on the model's attention
+Attention never crosses segments' key lists. What enforces it depends on the model's attention
 implementation, chosen once by `select_packed_attention(model)`:
 - "reinforge_varlen" (CUDA, torch >= 2.10, bf16/fp16 weights; what "auto" picks there):
   `torch.nn.attention.varlen.varlen_attn`, registered in transformers' `AttentionInterface`. The
   boundaries travel as `cu_seq_lens_q/k` and `max_length_q/k` kwargs (the names transformers'
-  flash-attention path uses); no mask is built. Calls without those kwargs (e.g. `generate`)
-  fall through to transformers' SDPA path, so the model stays usable for anything else.
+  flash-attention path uses) and, with shared prompts, the keys' row positions as
+  `reinforge_key_index` (the kernel gathers K and V into each segment's key list, and flash
+  attention's causal diagonal sits at the last key); no mask is built. Calls without those kwargs
+  (e.g. `generate`) fall through to transformers' SDPA path, so the model stays usable.
 - "reinforge_varlen_padded" (what "auto" picks elsewhere: the CPU, fp32 weights, older torch):
   the same wiring; the kernel lays the row out as right-padded sequences `[S, H, T, D]` and runs
   causal SDPA on them, so attention costs S*T^2 (T the longest sequence) instead of the mask
-  path's L^2; right padding plus causality keeps real queries off the padded keys. Where padding
-  would cost more than the mask (one long sequence among many short ones) it uses the mask.
+  path's L^2; right padding plus causality keeps real queries off the padded keys (shared-prompt
+  segments get a [G, 1, Tq, Tk] mask with the diagonal at the last key). Where padding would
+  cost more than a dense mask (one long sequence among many short ones) it uses the mask.
   On the quickstart's SFT step (2-core CPU, 64 sequences of <= 44 tokens): 0.73 s against the
   mask path's 0.96 s at its best micro-batch size.
 - "reinforge_varlen_reference": the same wiring with a per-sequence SDPA loop as the kernel, on
   any device. Slow; it exists to check the wiring.
-- "sdpa" (`prefer="mask"`): a boolean block-diagonal causal mask `[1, 1, L, L]` (True = attend),
-  which transformers 5 passes to SDPA as-is. L*L bytes and L^2 attention work.
+- "sdpa" (`prefer="mask"`): a boolean mask `[1, 1, L, L]` (True = attend; block-diagonal causal
+  without shared prompts), which transformers 5 passes to SDPA as-is. L*L bytes, L^2 work.
 - "eager" (a model loaded with it keeps it): the same mask in additive form (0 or the dtype's
   minimum), as eager attention adds it.
 """
@@ -99,12 +109,20 @@ def sequences_from_trajectories(trajs) -> list[PackSequence]:
 
 @dataclass
 class PackedBatch:
-    """One micro-batch: a single row of L tokens holding S sequences with K completion tokens."""
+    """One micro-batch: a single row of L tokens holding S sequences with K completion tokens.
+
+    Attention runs over G segments of the row. A sequence whose prompt no other sequence of the
+    micro-batch shares is one segment (prompt + completion, keys = itself, causal). Sequences
+    that share a prompt (a GRPO group) hold it once: the prompt is a segment of its own, and each
+    completion is a segment whose keys are the prompt's tokens followed by its own, causal with
+    the diagonal aligned to the last key. `key_index_J` lists each segment's keys as row
+    positions, segment after segment (None: no prompt is shared, every segment's keys are its
+    own tokens and `cu_keys_G1` is `cu_segments_G1`)."""
 
     input_ids_L: torch.Tensor  # [L] long
-    position_ids_L: torch.Tensor  # [L] long, 0 at each sequence start
-    cu_seqlens_S1: torch.Tensor  # [S+1] int32, row offsets of the sequences
-    max_seqlen: int
+    position_ids_L: torch.Tensor  # [L] long: a token's position in its own sequence
+    cu_segments_G1: torch.Tensor  # [G+1] int32, row offsets of the attention segments
+    max_segment: int  # the longest segment (queries)
     target_positions_K: torch.Tensor  # [K] long: the row position that predicts token k
     targets_K: torch.Tensor  # [K] long
     mask_K: torch.Tensor  # [K] float, the loss mask
@@ -114,6 +132,9 @@ class PackedBatch:
     rows_valid_ST: torch.Tensor  # [S, T] bool
     num_completion_tokens: tuple[int, ...]  # per sequence
     indices: tuple[int, ...]  # each sequence's index in the list given to `pack`
+    key_index_J: torch.Tensor | None = None  # [J] long: row positions of each segment's keys
+    cu_keys_G1: torch.Tensor | None = None  # [G+1] int32, offsets into key_index_J
+    max_keys: int = 0  # the most keys of one segment (= max_segment when nothing is shared)
 
     @property
     def num_tokens(self) -> int:
@@ -215,34 +236,109 @@ def _balanced(lengths: Sequence[int], count: int, capacity: int) -> list[list[in
 
 
 def pack(
-    seqs: Sequence[PackSequence], max_tokens: int, min_micro_batches: int = 1
+    seqs: Sequence[PackSequence],
+    max_tokens: int,
+    min_micro_batches: int = 1,
+    share_prompts: bool = True,
 ) -> list[PackedBatch]:
     """The step's sequences as packed micro-batches (CPU tensors; move each with `.to(device)`)."""
-    plan = plan_micro_batches([s.num_tokens for s in seqs], max_tokens, min_micro_batches)
-    return [pack_one(seqs, indices) for indices in plan]
+    plan = plan_shared_micro_batches(
+        [s.prompt_ids for s in seqs],
+        [len(s.completion_ids) for s in seqs],
+        max_tokens,
+        min_micro_batches,
+        share_prompts,
+    )
+    return [pack_one(seqs, indices, share_prompts) for indices in plan]
 
 
-def pack_one(seqs: Sequence[PackSequence], indices: Sequence[int]) -> PackedBatch:
+def plan_shared_micro_batches(
+    prompts: Sequence[Sequence[int]],
+    completion_lengths: Sequence[int],
+    max_tokens: int,
+    min_micro_batches: int = 1,
+    share_prompts: bool = True,
+) -> list[list[int]]:
+    """`plan_micro_batches` over prompt groups: sequences with the same prompt ids go to one
+    micro-batch where they fit (the prompt counted once), so `pack_one` can run the prompt once
+    for all of them; a group too large for one micro-batch is split in as few parts as it takes.
+    Each micro-batch's indices come sorted."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        groups.setdefault(tuple(prompt) if share_prompts else (i,), []).append(i)
+    units: list[list[int]] = []
+    unit_tokens: list[int] = []
+    for members in groups.values():
+        prompt_len = len(prompts[members[0]])
+        part: list[int] = []
+        load = prompt_len
+        for i in members:
+            if part and load + completion_lengths[i] > max_tokens:
+                units.append(part)
+                unit_tokens.append(load)
+                part, load = [], prompt_len
+            part.append(i)
+            load += completion_lengths[i]
+        units.append(part)
+        unit_tokens.append(load)
+    bins = plan_micro_batches(unit_tokens, max_tokens, min_micro_batches)
+    return [sorted(i for u in b for i in units[u]) for b in bins]
+
+
+def pack_one(
+    seqs: Sequence[PackSequence], indices: Sequence[int], share_prompts: bool = True
+) -> PackedBatch:
+    """Lay out sequences `indices` of `seqs` as one packed row (see `PackedBatch`); sequences
+    with equal prompt ids share one copy of the prompt unless `share_prompts` is False."""
     chosen = [seqs[i] for i in indices]
     value_names = _common_keys([s.token_values for s in chosen])
     seq_names = _common_keys([s.seq_values for s in chosen])
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for j, s in enumerate(chosen):
+        assert len(s.prompt_ids) >= 1, "a sequence needs a prompt token to predict its first one"
+        groups.setdefault(tuple(s.prompt_ids) if share_prompts else (j,), []).append(j)
     ids: list[int] = []
     positions: list[int] = []
     cu = [0]
-    target_positions: list[int] = []
+    keys: list[list[range]] = []  # per segment: its keys' row positions
+    targets_of: list[list[int]] = [[] for _ in chosen]  # per sequence: its target positions
+    shared = False
+    for members in groups.values():
+        first = chosen[members[0]]
+        num_prompt = len(first.prompt_ids)
+        if len(members) == 1:  # one segment: prompt + completion, keys = itself
+            start = len(ids)
+            ids.extend(first.prompt_ids)
+            ids.extend(first.completion_ids)
+            positions.extend(range(len(ids) - start))
+            cu.append(len(ids))
+            keys.append([range(start, len(ids))])
+            last = start + num_prompt - 1
+            targets_of[members[0]] = list(range(last, last + len(first.completion_ids)))
+            continue
+        shared = True
+        prompt = range(len(ids), len(ids) + num_prompt)
+        ids.extend(first.prompt_ids)
+        positions.extend(range(num_prompt))
+        cu.append(len(ids))
+        keys.append([prompt])
+        for j in members:
+            completion = chosen[j].completion_ids
+            if not completion:
+                continue
+            start = len(ids)
+            # the first token is predicted from the prompt's last position, the rest from the
+            # completion's own
+            targets_of[j] = [prompt[-1], *range(start, start + len(completion) - 1)]
+            ids.extend(completion)
+            positions.extend(range(num_prompt, num_prompt + len(completion)))
+            cu.append(len(ids))
+            keys.append([prompt, range(start, len(ids))])
+    target_positions = [t for targets in targets_of for t in targets]
     mask: list[float] = []
     values: dict[str, list[float]] = {name: [] for name in value_names}
     for s in chosen:
-        num_prompt, num_completion = len(s.prompt_ids), len(s.completion_ids)
-        assert num_prompt >= 1, "a sequence needs a prompt token to predict its first completion"
-        start = len(ids)
-        ids.extend(s.prompt_ids)
-        ids.extend(s.completion_ids)
-        positions.extend(range(num_prompt + num_completion))
-        cu.append(len(ids))
-        target_positions.extend(
-            range(start + num_prompt - 1, start + num_prompt - 1 + num_completion)
-        )
+        num_completion = len(s.completion_ids)
         loss_mask = [1.0] * num_completion if s.loss_mask is None else list(s.loss_mask)
         assert len(loss_mask) == num_completion, "one loss-mask entry per completion token"
         mask.extend(loss_mask)
@@ -255,15 +351,22 @@ def pack_one(seqs: Sequence[PackSequence], indices: Sequence[int]) -> PackedBatc
     columns_T = torch.arange(width)
     valid_ST = columns_T[None, :] < torch.tensor(counts)[:, None]
     index_ST = torch.where(valid_ST, offsets[:, None] + columns_T[None, :], 0)
-    input_ids_L = torch.tensor(ids, dtype=torch.long)
-    target_positions_K = torch.tensor(target_positions, dtype=torch.long)
+    cu_G1 = torch.tensor(cu, dtype=torch.int32)
+    max_segment = int(cu_G1.diff().max()) if len(cu) > 1 else 0
+    key_index_J = cu_keys_G1 = None
+    max_keys = max_segment
+    if shared:
+        key_index_J = torch.tensor([k for ranges in keys for r in ranges for k in r])
+        sizes = [sum(len(r) for r in ranges) for ranges in keys]
+        cu_keys_G1 = torch.tensor([0, *itertools.accumulate(sizes)], dtype=torch.int32)
+        max_keys = int(cu_keys_G1.diff().max())
     return PackedBatch(
-        input_ids_L=input_ids_L,
+        input_ids_L=torch.tensor(ids, dtype=torch.long),
         position_ids_L=torch.tensor(positions, dtype=torch.long),
-        cu_seqlens_S1=torch.tensor(cu, dtype=torch.int32),
-        max_seqlen=max(s.num_tokens for s in chosen),
-        target_positions_K=target_positions_K,
-        targets_K=input_ids_L[target_positions_K + 1],
+        cu_segments_G1=cu_G1,
+        max_segment=max_segment,
+        target_positions_K=torch.tensor(target_positions, dtype=torch.long),
+        targets_K=torch.tensor([t for s in chosen for t in s.completion_ids], dtype=torch.long),
         mask_K=torch.tensor(mask, dtype=torch.float32),
         values_K={k: torch.tensor(v, dtype=torch.float32) for k, v in values.items()},
         seq_values_S={
@@ -274,6 +377,9 @@ def pack_one(seqs: Sequence[PackSequence], indices: Sequence[int]) -> PackedBatc
         rows_valid_ST=valid_ST,
         num_completion_tokens=tuple(counts),
         indices=tuple(indices),
+        key_index_J=key_index_J,
+        cu_keys_G1=cu_keys_G1,
+        max_keys=max_keys,
     )
 
 
@@ -309,20 +415,44 @@ def packed_hidden_states(model, batch: PackedBatch) -> torch.Tensor:
     return hidden_1LH[0]
 
 
+KEY_INDEX_KWARG = "reinforge_key_index"
+
+
+@dataclass(frozen=True)
+class Segments:
+    """What a packed attention kernel needs: the query segments, and each segment's keys."""
+
+    cu_q_G1: torch.Tensor  # [G+1] int32, row offsets of the segments
+    max_q: int
+    cu_k_G1: torch.Tensor  # [G+1] int32, offsets into the key stream (cu_q_G1 when no sharing)
+    max_k: int
+    key_index_J: torch.Tensor | None  # [J] long: the key stream as row positions; None: the row
+
+    @property
+    def num_segments(self) -> int:
+        return self.cu_q_G1.numel() - 1
+
+    def keys(self, x_LHD: torch.Tensor) -> torch.Tensor:
+        """Keys or values laid out as the key stream, [J, H, D]."""
+        return x_LHD if self.key_index_J is None else x_LHD.index_select(0, self.key_index_J)
+
+
 def packed_attention_kwargs(model, batch: PackedBatch) -> dict:
-    """What keeps attention inside each sequence, for the model's attention implementation."""
+    """What keeps attention inside each segment, for the model's attention implementation."""
     implementation = model.config._attn_implementation
     length = batch.num_tokens
     device = batch.input_ids_L.device
     if implementation in VARLEN_IMPLEMENTATIONS:
+        shared = batch.key_index_J is not None
         return {
             # All ones: transformers sees no padding and builds no mask; the kernel gets the
             # boundaries from cu_seq_lens.
             "attention_mask": torch.ones(1, length, dtype=torch.long, device=device),
-            "cu_seq_lens_q": batch.cu_seqlens_S1,
-            "cu_seq_lens_k": batch.cu_seqlens_S1,
-            "max_length_q": batch.max_seqlen,
-            "max_length_k": batch.max_seqlen,
+            "cu_seq_lens_q": batch.cu_segments_G1,
+            "cu_seq_lens_k": batch.cu_keys_G1 if shared else batch.cu_segments_G1,
+            "max_length_q": batch.max_segment,
+            "max_length_k": batch.max_keys,
+            KEY_INDEX_KWARG: batch.key_index_J,
         }
     if implementation not in MASK_IMPLEMENTATIONS:
         raise ConfigError(
@@ -330,7 +460,7 @@ def packed_attention_kwargs(model, batch: PackedBatch) -> dict:
             f"training; load the model with attn_implementation='sdpa' (or call "
             f"select_packed_attention(model) on CUDA)"
         )
-    allowed_11LL = block_causal_mask(batch.cu_seqlens_S1, length, device)
+    allowed_11LL = segment_mask(batch_segments(batch), length, device)[None, None]
     if implementation == "sdpa":
         return {"attention_mask": allowed_11LL}
     dtype = next(model.parameters()).dtype
@@ -338,14 +468,48 @@ def packed_attention_kwargs(model, batch: PackedBatch) -> dict:
     return {"attention_mask": additive.masked_fill_(~allowed_11LL, torch.finfo(dtype).min)}
 
 
-def block_causal_mask(cu_seqlens_S1: torch.Tensor, length: int, device) -> torch.Tensor:
-    """[1, 1, L, L] bool: query i may attend key j iff both are in one sequence and j <= i."""
-    sizes_S = (cu_seqlens_S1[1:] - cu_seqlens_S1[:-1]).to(device=device, dtype=torch.long)
-    seq_of_L = torch.repeat_interleave(torch.arange(len(sizes_S), device=device), sizes_S)
-    assert seq_of_L.numel() == length
-    index_L = torch.arange(length, device=device)
-    same_LL = seq_of_L[:, None] == seq_of_L[None, :]
-    return (same_LL & (index_L[None, :] <= index_L[:, None]))[None, None]
+def batch_segments(batch: PackedBatch) -> Segments:
+    shared = batch.key_index_J is not None
+    return Segments(
+        cu_q_G1=batch.cu_segments_G1,
+        max_q=batch.max_segment,
+        cu_k_G1=batch.cu_keys_G1 if shared else batch.cu_segments_G1,
+        max_k=batch.max_keys,
+        key_index_J=batch.key_index_J,
+    )
+
+
+def segment_key_mask(seg: Segments, device) -> torch.Tensor:
+    """[L, J] bool over the key stream: query i may attend key j iff both belong to one segment
+    and j's offset in the segment's keys is at most i's offset plus (keys - queries) of that
+    segment (causal, the diagonal aligned to the last key)."""
+    cu_q, cu_k = (x.to(device=device, dtype=torch.long) for x in (seg.cu_q_G1, seg.cu_k_G1))
+    sizes_q, sizes_k = cu_q.diff(), cu_k.diff()
+    segments = torch.arange(seg.num_segments, device=device)
+    seg_q = torch.repeat_interleave(segments, sizes_q)
+    seg_k = torch.repeat_interleave(segments, sizes_k)
+    reach_q = torch.arange(seg_q.numel(), device=device) - cu_q[seg_q] + (sizes_k - sizes_q)[seg_q]
+    offset_k = torch.arange(seg_k.numel(), device=device) - cu_k[seg_k]
+    return (seg_q[:, None] == seg_k[None, :]) & (offset_k[None, :] <= reach_q[:, None])
+
+
+def segment_mask(seg: Segments, length: int, device) -> torch.Tensor:
+    """[L, L] bool over the row (True = attend): `segment_key_mask` with the keys put back at
+    their row positions. Without shared prompts, the block-diagonal causal mask."""
+    allowed_LJ = segment_key_mask(seg, device)
+    assert allowed_LJ.shape[0] == length
+    if seg.key_index_J is None:
+        return allowed_LJ
+    rows, cols = allowed_LJ.nonzero(as_tuple=True)
+    allowed_LL = torch.zeros(length, length, dtype=torch.bool, device=device)
+    allowed_LL[rows, seg.key_index_J.to(device)[cols]] = True
+    return allowed_LL
+
+
+def plain_segments(cu_seqlens_S1: torch.Tensor) -> Segments:
+    """Segments of whole sequences (no shared prompt): keys = the segment's own tokens."""
+    longest = int(cu_seqlens_S1.diff().max())
+    return Segments(cu_seqlens_S1, longest, cu_seqlens_S1, longest, None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,6 +583,7 @@ def _varlen_attention(kernel):
         max_length_k=None,
         **kwargs,
     ):
+        key_index = kwargs.pop(KEY_INDEX_KWARG, None)
         if cu_seq_lens_q is None:  # not a packed call (generate, a plain forward)
             return sdpa_attention_forward(
                 module,
@@ -433,10 +598,10 @@ def _varlen_attention(kernel):
         assert query.shape[0] == 1, "a packed micro-batch is one row"
         assert dropout == 0.0, "varlen attention has no dropout"
         assert kwargs.get("sliding_window") is None, "sliding-window layers are not packed"
-        # Self-attention: keys share the queries' boundaries (cu_seq_lens_k is the same tensor).
         scale = query.shape[-1] ** -0.5 if scaling is None else scaling
         q_LHD, k_LHD, v_LHD = (x[0].transpose(0, 1) for x in (query, key, value))
-        out_LHD = kernel(q_LHD, k_LHD, v_LHD, cu_seq_lens_q, max_length_q, scale)
+        seg = Segments(cu_seq_lens_q, max_length_q, cu_seq_lens_k, max_length_k, key_index)
+        out_LHD = kernel(q_LHD, k_LHD, v_LHD, seg, scale)
         return out_LHD[None], None  # [1, L, Hq, D], as transformers' attention functions return
 
     return forward
@@ -456,77 +621,99 @@ def _varlen_options() -> frozenset[str]:
     return frozenset(inspect.signature(_torch_varlen()).parameters)
 
 
-def _torch_varlen_kernel(q_LHD, k_LHD, v_LHD, cu_S1, max_len: int, scale: float):
-    """torch's flash varlen kernel, causal within each sequence. Its keyword names moved between
-    torch releases (`is_causal` in 2.10, `window_size` later), so they are read off its signature."""
+def _torch_varlen_kernel(q_LHD, k_LHD, v_LHD, seg: Segments, scale: float):
+    """torch's flash varlen kernel, causal within each segment (flash attention aligns the
+    diagonal to the last key when a segment has more keys than queries, as shared prompts need).
+    Its keyword names moved between torch releases (`is_causal` in 2.10, `window_size` later),
+    so they are read off its signature."""
     options = _varlen_options()
     kwargs: dict = {}
     if "window_size" in options:
         kwargs["window_size"] = (-1, 0)
     else:
         kwargs["is_causal"] = True
-    if q_LHD.shape[1] != k_LHD.shape[1]:
+    k_JHD, v_JHD = seg.keys(k_LHD), seg.keys(v_LHD)
+    if q_LHD.shape[1] != k_JHD.shape[1]:
         if "enable_gqa" in options:
             kwargs["enable_gqa"] = True
         else:
-            k_LHD, v_LHD = (_repeat_heads(x, q_LHD.shape[1]) for x in (k_LHD, v_LHD))
+            k_JHD, v_JHD = (_repeat_heads(x, q_LHD.shape[1]) for x in (k_JHD, v_JHD))
     if "scale" in options:
         kwargs["scale"] = scale
     else:
         assert math.isclose(scale, q_LHD.shape[-1] ** -0.5), "kernel has no scale argument"
     return _torch_varlen()(
         q_LHD.contiguous(),
-        k_LHD.contiguous(),
-        v_LHD.contiguous(),
-        cu_S1,
-        cu_S1,
-        max_len,
-        max_len,
+        k_JHD.contiguous(),
+        v_JHD.contiguous(),
+        seg.cu_q_G1,
+        seg.cu_k_G1,
+        seg.max_q,
+        seg.max_k,
         **kwargs,
     )
 
 
-def padded_varlen_kernel(q_LHD, k_LHD, v_LHD, cu_S1, max_len: int, scale: float):
-    """Causal attention within each sequence as one SDPA call on right-padded rows [S, H, T, D]:
-    a real query never sees a padded key (the pads come after it), and padded queries' outputs are
-    dropped. Costs S*T^2; where that exceeds the row's L^2 the block-diagonal mask is used."""
-    length, num_seqs = q_LHD.shape[0], cu_S1.numel() - 1
-    gqa = q_LHD.shape[1] != k_LHD.shape[1]
-    if num_seqs * max_len * max_len > length * length:
-        mask_11LL = block_causal_mask(cu_S1, length, q_LHD.device)
-        q, k, v = (x.transpose(0, 1)[None] for x in (q_LHD, k_LHD, v_LHD))
-        out_1HLD = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask_11LL, scale=scale, enable_gqa=gqa
-        )
+def padded_varlen_kernel(q_LHD, k_LHD, v_LHD, seg: Segments, scale: float):
+    """Causal attention within each segment as one SDPA call on right-padded rows: queries
+    [G, H, Tq, D], keys [G, H, Tk, D]. A real query never sees a padded key (the pads come after
+    its reach) and padded queries' outputs are dropped. Costs G*Tq*Tk; where that exceeds the
+    row's L*J the dense mask over the key stream is used instead."""
+    device = q_LHD.device
+    k_JHD, v_JHD = seg.keys(k_LHD), seg.keys(v_LHD)
+    length, num_keys, num_segments = q_LHD.shape[0], k_JHD.shape[0], seg.num_segments
+    gqa = q_LHD.shape[1] != k_JHD.shape[1]
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if num_segments * seg.max_q * seg.max_k > length * num_keys:
+        allowed_11LJ = segment_key_mask(seg, device)[None, None]
+        q, k, v = (x.transpose(0, 1)[None] for x in (q_LHD, k_JHD, v_JHD))
+        out_1HLD = sdpa(q, k, v, attn_mask=allowed_11LJ, scale=scale, enable_gqa=gqa)
         return out_1HLD[0].transpose(0, 1)
-    cu_S1 = cu_S1.to(device=q_LHD.device, dtype=torch.long)
-    offsets_T = torch.arange(max_len, device=q_LHD.device)
-    valid_ST = offsets_T[None] < cu_S1.diff()[:, None]
-    # each packed token's slot in the padded rows: sequence after sequence, as in the row
-    slot_L = (torch.arange(num_seqs, device=q_LHD.device)[:, None] * max_len + offsets_T)[valid_ST]
-    assert slot_L.numel() == length
+    sizes_q = seg.cu_q_G1.to(device=device, dtype=torch.long).diff()
+    sizes_k = seg.cu_k_G1.to(device=device, dtype=torch.long).diff()
+    slot_q, slot_k = _slots(sizes_q, seg.max_q), _slots(sizes_k, seg.max_k)
+    assert slot_q.numel() == length and slot_k.numel() == num_keys
 
-    def padded(x_LHD):
-        rows = x_LHD.new_zeros(num_seqs * max_len, *x_LHD.shape[1:]).index_copy(0, slot_L, x_LHD)
-        return rows.view(num_seqs, max_len, *x_LHD.shape[1:]).transpose(1, 2)
+    def padded(x_XHD, slots, width):
+        rows = x_XHD.new_zeros(num_segments * width, *x_XHD.shape[1:]).index_copy(0, slots, x_XHD)
+        return rows.view(num_segments, width, *x_XHD.shape[1:]).transpose(1, 2)
 
-    out_SHTD = torch.nn.functional.scaled_dot_product_attention(
-        padded(q_LHD), padded(k_LHD), padded(v_LHD), is_causal=True, scale=scale, enable_gqa=gqa
+    q, k, v = (
+        padded(q_LHD, slot_q, seg.max_q),
+        *(padded(x, slot_k, seg.max_k) for x in (k_JHD, v_JHD)),
     )
-    out_XHD = out_SHTD.transpose(1, 2).reshape(num_seqs * max_len, *q_LHD.shape[1:])
-    return out_XHD.index_select(0, slot_L)
+    if seg.key_index_J is None:  # keys = queries: plain causal
+        out_GHTD = sdpa(q, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    else:
+        reach_GT = torch.arange(seg.max_q, device=device) + (sizes_k - sizes_q)[:, None]
+        allowed_G1TT = torch.arange(seg.max_k, device=device) <= reach_GT[:, :, None]
+        out_GHTD = sdpa(q, k, v, attn_mask=allowed_G1TT[:, None], scale=scale, enable_gqa=gqa)
+    out_XHD = out_GHTD.transpose(1, 2).reshape(num_segments * seg.max_q, *q_LHD.shape[1:])
+    return out_XHD.index_select(0, slot_q)
 
 
-def reference_varlen_kernel(q_LHD, k_LHD, v_LHD, cu_S1, max_len: int, scale: float):
-    """The varlen contract in plain SDPA, one sequence at a time (any device; slow)."""
+def _slots(sizes_G: torch.Tensor, width: int) -> torch.Tensor:
+    """Each packed element's slot in right-padded rows of `width`, segment after segment."""
+    offsets_T = torch.arange(width, device=sizes_G.device)
+    valid_GT = offsets_T[None] < sizes_G[:, None]
+    starts_G = torch.arange(sizes_G.numel(), device=sizes_G.device) * width
+    return (starts_G[:, None] + offsets_T)[valid_GT]
+
+
+def reference_varlen_kernel(q_LHD, k_LHD, v_LHD, seg: Segments, scale: float):
+    """The varlen contract in plain SDPA, one segment at a time (any device; slow)."""
     num_heads = q_LHD.shape[1]
-    k_LHD, v_LHD = (_repeat_heads(x, num_heads) for x in (k_LHD, v_LHD))
-    bounds = cu_S1.tolist()
+    k_JHD, v_JHD = (_repeat_heads(seg.keys(x), num_heads) for x in (k_LHD, v_LHD))
     outs = []
-    for start, end in itertools.pairwise(bounds):
-        q, k, v = (x[start:end].transpose(0, 1)[None] for x in (q_LHD, k_LHD, v_LHD))
+    for (q0, q1), (k0, k1) in zip(
+        itertools.pairwise(seg.cu_q_G1.tolist()), itertools.pairwise(seg.cu_k_G1.tolist())
+    ):
+        q = q_LHD[q0:q1].transpose(0, 1)[None]
+        k, v = (x[k0:k1].transpose(0, 1)[None] for x in (k_JHD, v_JHD))
+        num_q, num_k = q1 - q0, k1 - k0
+        allowed_QK = torch.ones(num_q, num_k, dtype=torch.bool, device=q.device).tril(num_k - num_q)
         out_1HTD = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, is_causal=True, scale=scale
+            q, k, v, attn_mask=allowed_QK, scale=scale
         )
         outs.append(out_1HTD[0].transpose(0, 1))
     return torch.cat(outs)

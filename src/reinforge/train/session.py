@@ -213,6 +213,7 @@ def sft_phase(
                 o.max_grad_norm,
                 micro_batch_tokens=cfg.train.micro_batch_tokens,
                 poison=poison,
+                share_prompts=cfg.train.share_prompts,
                 masks=masks,
                 accumulate_unsharded=getattr(cfg, "distributed", None) is not None
                 and cfg.distributed.accumulate_unsharded is True,

@@ -59,11 +59,12 @@ def sft_step(
     poison: bool = False,
     masks: list[list[int]] | None = None,
     accumulate_unsharded: bool = False,
+    share_prompts: bool = True,
 ) -> dict[str, float]:
     """One optimizer step: token-mean negative log-likelihood of the responses over the whole
     batch, in packed micro-batches of at most `micro_batch_tokens` tokens (default: the whole
     batch at once; `micro_batch_size` sequences' worth of the longest one, the older way to say
-    it). A gradient that is not finite skips the optimizer step (`nonfinite_skipped` = 1);
+    it); responses to one prompt hold it once (`share_prompts`, see `train.packing`). A gradient that is not finite skips the optimizer step (`nonfinite_skipped` = 1);
     `poison` (a fault-injection drill) makes the loss NaN. `masks` (one 0/1 per response token)
     leaves tokens out of the loss, such as a conversation's user turns; default: all count.
     In a distributed run these are this rank's share of the batch; the loss is the global
@@ -76,11 +77,12 @@ def sft_step(
     num_tokens = sum_over_ranks(float(sum(map(sum, masks))))  # the global batch's
     total_loss = 0.0
     optimizer.zero_grad(set_to_none=True)
-    batches = micro_batches(prompts, responses, micro_batch_tokens)
+    batches = micro_batches(prompts, responses, micro_batch_tokens, share_prompts)
     with accumulation(model, accumulate_unsharded) as before:
         for i, idx in enumerate(batches):
             before(last=i == len(batches) - 1)
-            loss = -masked_logprob_sum(model, prompts, responses, masks, idx) / num_tokens
+            loss = -masked_logprob_sum(model, prompts, responses, masks, idx, share_prompts)
+            loss = loss / num_tokens
             if poison:
                 loss = loss * math.nan
             (loss * loss_scale()).backward()  # FSDP averages over ranks (see `distributed`)
@@ -101,10 +103,18 @@ def sft_step(
     }
 
 
-def masked_logprob_sum(model, prompts, responses, masks, idx: list[int]) -> torch.Tensor:
+def masked_logprob_sum(
+    model, prompts, responses, masks, idx: list[int], share_prompts: bool = True
+) -> torch.Tensor:
     """Sum of the log-likelihoods of the masked response tokens of sequences `idx` (one packed
     micro-batch)."""
-    rows = completion_rows(model, [prompts[i] for i in idx], [responses[i] for i in idx], 1.0)
+    rows = completion_rows(
+        model,
+        [prompts[i] for i in idx],
+        [responses[i] for i in idx],
+        1.0,
+        share_prompts=share_prompts,
+    )
     mask_ST = torch.zeros_like(rows.logprobs_ST)
     for row, i in enumerate(idx):
         mask_ST[row, : len(masks[i])] = torch.tensor(masks[i], dtype=mask_ST.dtype)

@@ -32,7 +32,9 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
     optimizer = learner.optimizer
     totals: dict[str, float] = {}
     optimizer.zero_grad(set_to_none=True)
-    batches = micro_batches(batch.prompts, batch.completions, cfg.train.micro_batch_tokens)
+    batches = micro_batches(
+        batch.prompts, batch.completions, cfg.train.micro_batch_tokens, cfg.train.share_prompts
+    )
     unsharded = cfg.distributed.accumulate_unsharded is True  # the plan's choice (`train.memory`)
     with accumulation(learner.policy.model, unsharded) as before:
         for i, idx in enumerate(batches):
@@ -56,6 +58,7 @@ def micro_step(
         [batch.completions[i] for i in idx],
         cfg.rollout.temperature or 1.0,
         with_hidden=learner.value_head is not None,
+        share_prompts=cfg.train.share_prompts,
     )
     width = rows.logprobs_ST.shape[1]
     device = rows.logprobs_ST.device
