@@ -183,13 +183,7 @@ def plan_micro_batches(
     balanced: longest first, each into the least-loaded micro-batch."""
     if not lengths:
         return []
-    longest = max(lengths)
-    if longest > max_tokens:
-        raise ConfigError(
-            f"{BUDGET_SETTING} = {max_tokens} is shorter than the longest sequence "
-            f"({longest} tokens, prompt + completion); use {BUDGET_SETTING} >= {longest} or a "
-            "smaller rollout.max_new_tokens"
-        )
+    _check_longest(lengths, max_tokens)
     first_fit = _first_fit_decreasing(lengths, max_tokens)
     lowest = min(max(min_micro_batches, math.ceil(sum(lengths) / max_tokens)), len(lengths))
     for count in range(lowest, max(lowest, len(first_fit)) + 1):
@@ -262,27 +256,85 @@ def plan_shared_micro_batches(
     """`plan_micro_batches` over prompt groups: sequences with the same prompt ids go to one
     micro-batch where they fit (the prompt counted once), so `pack_one` can run the prompt once
     for all of them; a group too large for one micro-batch is split in as few parts as it takes.
+    Where whole groups leave more micro-batches than their tokens need (large groups fill a
+    budget coarsely: 3 groups of 4,224 tokens in 16,384), groups are split to fill each
+    micro-batch, each part carrying its own copy of the prompt, if that saves micro-batches.
     Each micro-batch's indices come sorted."""
+    lengths = [len(p) + c for p, c in zip(prompts, completion_lengths)]
+    if not share_prompts:
+        return plan_micro_batches(lengths, max_tokens, min_micro_batches)
+    _check_longest(lengths, max_tokens)
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, prompt in enumerate(prompts):
-        groups.setdefault(tuple(prompt) if share_prompts else (i,), []).append(i)
+        groups.setdefault(tuple(prompt), []).append(i)
     units: list[list[int]] = []
     unit_tokens: list[int] = []
     for members in groups.values():
         prompt_len = len(prompts[members[0]])
-        part: list[int] = []
-        load = prompt_len
-        for i in members:
-            if part and load + completion_lengths[i] > max_tokens:
-                units.append(part)
-                unit_tokens.append(load)
-                part, load = [], prompt_len
-            part.append(i)
-            load += completion_lengths[i]
-        units.append(part)
-        unit_tokens.append(load)
-    bins = plan_micro_batches(unit_tokens, max_tokens, min_micro_batches)
-    return [sorted(i for u in b for i in units[u]) for b in bins]
+        for part in _parts(members, prompt_len, completion_lengths, max_tokens):
+            units.append(part)
+            unit_tokens.append(prompt_len + sum(completion_lengths[i] for i in part))
+    bins = [
+        [i for u in b for i in units[u]]
+        for b in plan_micro_batches(unit_tokens, max_tokens, min_micro_batches)
+    ]
+    if len(bins) > max(min_micro_batches, math.ceil(sum(unit_tokens) / max_tokens)):
+        by_size = sorted(groups.values(), key=lambda m: -sum(lengths[i] for i in m))
+        filled = _filled(by_size, prompts, completion_lengths, max_tokens)
+        if min_micro_batches <= len(filled) < len(bins):
+            bins = filled
+    return [sorted(b) for b in bins]
+
+
+def _parts(
+    members: list[int], prompt_len: int, completion_lengths: Sequence[int], max_tokens: int
+) -> list[list[int]]:
+    """A group's members in order, cut into as few parts as fit `max_tokens` each (with the
+    prompt once per part)."""
+    parts: list[list[int]] = [[]]
+    load = prompt_len
+    for i in members:
+        if parts[-1] and load + completion_lengths[i] > max_tokens:
+            parts.append([])
+            load = prompt_len
+        parts[-1].append(i)
+        load += completion_lengths[i]
+    return parts
+
+
+def _filled(
+    groups: list[list[int]],
+    prompts: Sequence[Sequence[int]],
+    completion_lengths: Sequence[int],
+    max_tokens: int,
+) -> list[list[int]]:
+    """Next fit with splitting: each micro-batch takes the next group's members while they fit;
+    a group that overflows goes on in the next micro-batch with another copy of its prompt."""
+    bins: list[list[int]] = [[]]
+    load = 0
+    for members in groups:
+        prompt_len = len(prompts[members[0]])
+        pending = list(members)
+        while pending:
+            if load + prompt_len + completion_lengths[pending[0]] > max_tokens:
+                bins.append([])
+                load = 0
+            load += prompt_len
+            while pending and load + completion_lengths[pending[0]] <= max_tokens:
+                i = pending.pop(0)
+                bins[-1].append(i)
+                load += completion_lengths[i]
+    return [b for b in bins if b]
+
+
+def _check_longest(lengths: Sequence[int], max_tokens: int) -> None:
+    longest = max(lengths, default=0)
+    if longest > max_tokens:
+        raise ConfigError(
+            f"{BUDGET_SETTING} = {max_tokens} is shorter than the longest sequence "
+            f"({longest} tokens, prompt + completion); use {BUDGET_SETTING} >= {longest} or a "
+            "smaller rollout.max_new_tokens"
+        )
 
 
 def pack_one(
