@@ -102,3 +102,63 @@ def test_advantages_follow_rewards_within_groups():
         ):  # token-in/token-out: the ids the sampler produced, with their logprobs
             assert len(t.completion.token_ids) == len(t.completion.logprobs) >= 1
             assert t.prompt_ids == rl.render_prompt(policy.tokenizer, g.task.messages)
+
+
+def test_shared_prompts_give_the_update_of_whole_sequences(tmp_path, monkeypatch):
+    """`train.share_prompts` changes what the trainer computes, not what it learns: one GRPO step
+    (with a KL reference, scored through the same packing) from the same seed gives the same
+    loss, gradient norm and gradients with the group prompts run once as with every sequence
+    whole. The step's micro-batches do share (the packing tests cover values and gradients)."""
+    from reinforge.train import forward
+
+    packed = []
+
+    def recording_pack_one(*args, **kwargs):
+        batch = real_pack_one(*args, **kwargs)
+        packed.append((batch.num_tokens, batch.key_index_J is not None))
+        return batch
+
+    real_pack_one = forward.pack_one
+    monkeypatch.setattr(forward, "pack_one", recording_pack_one)
+    results = {}
+    for share in (True, False):
+        packed.clear()
+        torch.manual_seed(0)
+        cfg = load_config(
+            TrainConfig,
+            None,
+            [
+                "model.path=builtin:micro",
+                "rollout.prompts_per_step=4",
+                "rollout.samples_per_prompt=4",
+                "rollout.max_new_tokens=6",
+                "optim.lr=3e-3",
+                "train.micro_batch_tokens=120",
+                "algorithm.kl_coef=0.05",
+                f"train.share_prompts={str(share).lower()}",
+            ],
+        )
+        learner = make_learner(cfg, tmp_path / str(share))
+        params = list(learner.policy.model.parameters())
+        grads = []
+        step = learner.optimizer.step
+
+        def recording_step(*args, _step=step, _params=params, _grads=grads, **kwargs):
+            _grads.extend(p.grad.detach().clone() for p in _params)
+            return _step(*args, **kwargs)
+
+        learner.optimizer.step = recording_step
+        m = rl.rl_step(
+            cfg, learner, DigitTasks(cfg.task), TrainerState("rl", 0, 0), 1, NullLogger()
+        )
+        assert len(grads) == len(params)  # the step was taken
+        results[share] = (m, grads)
+        # reference scoring and the update, in more than one micro-batch each
+        assert len(packed) >= 4
+        assert all(shared for _, shared in packed) == share, packed
+    (shared, shared_w), (whole, whole_w) = results[True], results[False]
+    for key in ("loss", "grad_norm", "kl_ref", "reward_mean"):
+        assert key in shared, sorted(shared)
+        assert abs(shared[key] - whole[key]) <= 1e-5 + 1e-4 * abs(whole[key]), key
+    for a, b in zip(shared_w, whole_w):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
