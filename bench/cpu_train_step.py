@@ -28,7 +28,7 @@ except ImportError:  # Python 3.10
 from reinforge.config import TrainConfig
 from reinforge.tasks import build_task_source
 from reinforge.train.common import load_model, load_tokenizer, model_source
-from reinforge.train.packing import select_packed_attention
+from reinforge.train.packed_attention import select_packed_attention
 from reinforge.train.sft import sft_examples, sft_step
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,21 +10,23 @@ from reinforge.algorithms.losses import AGGREGATIONS, LossInputs, PPOClipSetting
 from reinforge.errors import ConfigError
 from reinforge.models.tiny import builtin_path
 from reinforge.train.common import pad_batch, token_logprobs
-from reinforge.train.packing import (
+from reinforge.train.packed_attention import (
     VARLEN,
     VARLEN_PADDED,
     VARLEN_REFERENCE,
+    padded_varlen_kernel,
+    plain_segments,
+    reference_varlen_kernel,
+    segment_mask,
+    select_packed_attention,
+)
+from reinforge.train.packing import (
     PackSequence,
     batch_segments,
     pack,
     packed_logprobs,
-    padded_varlen_kernel,
-    plain_segments,
     plan_micro_batches,
     plan_shared_micro_batches,
-    reference_varlen_kernel,
-    segment_mask,
-    select_packed_attention,
     unpack,
 )
 
@@ -483,7 +485,7 @@ def test_padded_kernel_matches_the_reference_with_shared_prompts(long_single):
 def test_varlen_kernel_matches_reference_on_cuda(shared):
     """torch's flash varlen against the per-segment reference; with shared prompts a segment has
     more keys than queries, and the causal diagonal must sit at the last key."""
-    from reinforge.train.packing import _torch_varlen
+    from reinforge.train.packed_attention import _torch_varlen
 
     if _torch_varlen() is None:
         pytest.skip("torch has no torch.nn.attention.varlen")

@@ -26,7 +26,7 @@ from reinforge.train.advantage_step import Algorithm, StepBatch
 from reinforge.train.common import load_model, model_source
 from reinforge.train.forward import completion_rows, micro_batches
 from reinforge.train.optim import STATE_DTYPES, build_optimizer
-from reinforge.train.packing import select_packed_attention
+from reinforge.train.packed_attention import select_packed_attention
 from reinforge.train.policy_model import SFT_FINAL
 from reinforge.train.session import Policy
 from reinforge.train.value import build_value_head, head_values

@@ -45,7 +45,7 @@ from reinforge.train.planner import (
     plan_memory,
 )
 
-# The quickstart on 2 CPU cores, padded varlen attention (`train.packing`): its SFT step (64
+# The quickstart on 2 CPU cores, padded varlen attention (`train.packed_attention`): its SFT step (64
 # sequences, 2,191 tokens) 0.79 s in micro-batches of 512 tokens, 0.75 s at 1,024, 0.73 s at 2,048,
 # 0.74 s at 4,096; its RL step 2.85 s at 512, 2.65 s at 2,048 (matmuls at ~82 GFLOP/s, the cores'
 # peak, in all of them). With the block-diagonal mask, 512 was best (0.96 s): L^2 attention.

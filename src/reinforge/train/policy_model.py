@@ -18,7 +18,7 @@ from reinforge.checkpoint import TrainerState, checkpoints_dir
 from reinforge.metrics import console
 from reinforge.train.common import load_model, model_source
 from reinforge.train.memory import lora_alpha
-from reinforge.train.packing import select_packed_attention
+from reinforge.train.packed_attention import select_packed_attention
 
 SFT_FINAL = "sft_final"
 
