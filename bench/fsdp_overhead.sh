@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# FSDP2's own cost on one GPU (issue 8): G1 in one process, and sharded over a world of one
-# (bench/profile_train.py --fsdp1), each with its step 3 under torch.profiler; logs, profiles and
+# FSDP2's own cost on one GPU (issue 8): G1 in one process, sharded over a world of one
+# (bench/profile_train.py --fsdp1), and replicated over it (its once-a-step gradient
+# all-reduce through NCCL), each with its step 3 under torch.profiler; logs, profiles and
 # metrics to $OUT (one archive). Extra arguments are overrides for every run (k=v).
 #   run(carry=[".whl"], command="bash bench/fsdp_overhead.sh")
 set -uo pipefail
@@ -27,8 +28,9 @@ PY
 }
 export TORCH_LOGS=${TORCH_LOGS:-recompiles}
 one plain "" "$@"
-PROFILE_TRACE=${TRACE:-0} one fsdp1_per_micro_batch "--fsdp1" distributed.accumulate_unsharded=false "$@"
-PROFILE_TRACE=${TRACE:-0} one fsdp1_accumulate "--fsdp1" distributed.accumulate_unsharded=true "$@"
+PROFILE_TRACE=${TRACE:-0} one fsdp1_per_micro_batch "--fsdp1" distributed.strategy=fsdp distributed.accumulate_unsharded=false "$@"
+PROFILE_TRACE=${TRACE:-0} one fsdp1_accumulate "--fsdp1" distributed.strategy=fsdp distributed.accumulate_unsharded=true "$@"
+one replicate1 "--fsdp1" distributed.strategy=replicate "$@"
 [ -n "${EAGER:-}" ] && one fsdp1_eager "--fsdp1" train.compile=false "$@"
 [ -n "${EAGER:-}" ] && one plain_eager "" train.compile=false "$@"
 # the device tool brings back at most 8 files: everything but the summary goes in one archive

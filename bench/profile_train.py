@@ -10,9 +10,10 @@ With --memory: the CUDA caching allocator's history over the update (`torch.cuda
 the memory held when the update starts, the update's peak, and the blocks alive at that peak
 that the update allocated, largest first, each with the Python frames that allocated it, to
 OUT_FILE (and the raw snapshot beside it, OUT_FILE.pickle, for `torch.cuda._memory_viz`).
-With --fsdp1 (before either): the model is sharded with FSDP2 over a world of one process, so
-FSDP's own cost (hooks, casts, copies, the optimizer on DTensor shards) shows on one GPU, apart
-from any communication.
+With --fsdp1 (before either): the trainer takes its distributed path over a world of one
+process: FSDP2 sharding, so FSDP's own cost (hooks, casts, copies, the optimizer on DTensor
+shards) shows on one GPU, apart from any communication; or, with `distributed.strategy=replicate`,
+the replica's (its once-a-step gradient all-reduce).
 """
 
 from __future__ import annotations
@@ -153,8 +154,8 @@ def memory_profiled(out_file: str):
 
 
 def shard_over_one_process() -> None:
-    """A process group of one and `is_distributed()` true: the trainer then takes its FSDP2
-    path (sharding, DTensor optimizer, reductions) exactly as under torchrun."""
+    """A process group of one and `is_distributed()` true: the trainer then takes its torchrun
+    path (FSDP2 or a replica, `distributed.strategy`) exactly as under torchrun."""
     import reinforge.distributed as dist
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -472,6 +472,15 @@ class DistributedSection(Section):
     optimizer step and it generates the next step's rollout meanwhile, so a step trains on
     samples from weights one step old (`rollout_staleness`). The sampler/trainer mismatch is
     reported as `kl_sampler`; algorithm.tis_cap corrects for it (set it, e.g. 2.0)."""
+    strategy: Literal["auto", "fsdp", "replicate"] = "auto"
+    """How the training processes hold the model (ignored in a single process): "replicate":
+    every process holds the whole model, its gradients and optimizer states, as one process
+    would, and the gradients are averaged over the processes once per optimizer step (float32
+    all-reduce, in buckets): no per-layer gathers, hooks or sharded optimizer, so the fastest
+    where it fits; "fsdp": FSDP2 shards the weights, gradients and optimizer states over the
+    processes (a model that fits no single GPU). "auto": replicate when the memory planner finds
+    it fits without checkpointing, KV-pool or micro-batch sacrifices that FSDP would avoid, else
+    FSDP (`--dry-run` shows its choice)."""
     accumulate_unsharded: Literal["auto"] | bool = "auto"
     """Under FSDP, within an optimizer step: keep every layer's weights gathered from the first
     micro-batch to the last and add the micro-batches' gradients up unsharded (float32),

@@ -11,17 +11,23 @@ Contract:
   on one rank, so group advantages need no communication; the sampler keys each sequence's noise
   by (seed, global prompt index, sample index), so which rank generates a prompt changes no
   sample (`SamplingParams.first_prompt_index`).
+- Replicated training (`distributed.strategy`, "auto" where it fits): `shard_model(...,
+  replicate=True)` keeps the whole model on every rank (rank 0's weights, broadcast); each
+  trains on its share as one process would, with no collective until the step's micro-batches
+  are done, when `accumulation` averages the gradients over the ranks (`all_reduce_gradients`:
+  float32, in buckets). No per-layer hooks, no DTensors: the fused optimizer and the engines
+  read plain tensors. Measured against FSDP's host time on one H100 (`bench/RESULTS.md`).
 - Sharded training: `shard_model` applies FSDP2 (`fully_shard`) to each decoder layer and to the
   whole model, with bf16 parameters and float32 gradient reduction on CUDA
   (`MixedPrecisionPolicy`); float32 everywhere on a CPU. The trainer's packed forward (decoder,
   then the chunked LM head reading `lm_head.weight` directly, never `model.forward`) is
   registered as an FSDP forward method, so the root's parameters (embeddings, final norm, LM
   head) are gathered for it and their gradients reduced after it.
-- Gradients: FSDP averages them over ranks. Each rank's loss is divided by the *global* token and
+- Gradients: FSDP (or `all_reduce_gradients`) averages them over ranks. Each rank's loss is divided by the *global* token and
   sequence counts (`sum_over_ranks`), and backpropagated times the world size
   (`loss_scale`), so the averaged gradient is exactly the single-process gradient of the same
-  global batch. Every rank runs the same number of micro-batches (`equal_micro_batches`): each
-  forward is a collective.
+  global batch. Under FSDP every rank runs the same number of micro-batches
+  (`equal_micro_batches`, `in_lockstep`): each forward is a collective.
 - Metrics: `reduce_metrics` combines each rank's step metrics (mean, sum or max per key); rank 0
   alone writes files and prints.
 - Disaggregated (`distributed.mode = "disaggregated"`, `train.disaggregated`): the last rank
@@ -42,6 +48,10 @@ from reinforge.errors import ConfigError
 
 # The trainer's packed forward, registered on FSDP-sharded models (see `train.forward`).
 PACKED_FORWARD = "reinforge_packed_forward"
+# Marks a model replicated over the training ranks (`shard_model(..., replicate=True)`).
+REPLICATED = "reinforge_replicated"
+# Gradients of a replicated model are averaged through float32 buckets of at most this size.
+REDUCE_BUCKET_BYTES = 256 << 20
 
 
 # ------------------------------------------------------------------------------ the world
@@ -182,8 +192,8 @@ def share(count: int) -> range:
 
 
 def loss_scale() -> float:
-    """What each rank multiplies its loss by before backward: FSDP averages gradients over the
-    ranks, and the losses are already divided by global counts, so the average must become a
+    """What each rank multiplies its loss by before backward: FSDP (or `all_reduce_gradients`)
+    averages gradients over the ranks, and the losses are already divided by global counts, so the average must become a
     sum."""
     return float(world_size())
 
@@ -249,12 +259,19 @@ def reduce_metrics(
 # ------------------------------------------------------------------------------ FSDP2
 
 
-def shard_model(model: torch.nn.Module, trainable: bool = True) -> torch.nn.Module:
+def shard_model(
+    model: torch.nn.Module, trainable: bool = True, replicate: bool = False
+) -> torch.nn.Module:
     """FSDP2 over all ranks: each decoder layer is one unit (gathered for its forward and
     backward, then freed), the rest (embeddings, final norm, LM head) the root unit. In place;
     returns `model` (now an FSDP module whose parameters are DTensor shards). `trainable=False`
-    for a frozen KL reference. Identity outside a distributed run."""
+    for a frozen KL reference. `replicate`: no sharding; every rank keeps rank 0's whole model
+    (see `all_reduce_gradients`). Identity outside a distributed run."""
     if not is_distributed():
+        return model
+    if replicate:
+        broadcast_from_rank0(model)
+        setattr(model, REPLICATED, True)
         return model
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.fsdp import (
@@ -302,6 +319,52 @@ def fsdp_modules(model: torch.nn.Module) -> list:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
+def is_replicated(model: torch.nn.Module) -> bool:
+    """`model` is whole on every training rank (`shard_model(..., replicate=True)`)."""
+    return is_distributed() and getattr(model, REPLICATED, False)
+
+
+def in_lockstep(model: torch.nn.Module) -> bool:
+    """Every forward of `model` is a collective (FSDP gathers its layers), so the ranks must run
+    equally many; a replicated model's ranks meet only once a step."""
+    return is_distributed() and not getattr(model, REPLICATED, False)
+
+
+@torch.no_grad()
+def all_reduce_gradients(model: torch.nn.Module) -> None:
+    """Average the gradients of a replicated `model` over the training ranks: summed in float32
+    buckets of at most `REDUCE_BUCKET_BYTES` and divided by the world size, in place. A
+    parameter with a gradient on some ranks only (a layer one rank's data never reached) counts
+    zeros for the others; one with no gradient anywhere keeps none, as in one process."""
+    if not is_replicated(model):
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    device = params[0].device
+    has_grad = torch.tensor([p.grad is not None for p in params], dtype=torch.int32, device=device)
+    torch.distributed.all_reduce(has_grad, group=_TRAIN_GROUP)
+    grads = []
+    for param, anywhere in zip(params, has_grad.tolist()):
+        if anywhere and param.grad is None:
+            param.grad = torch.zeros_like(param)
+        if anywhere:
+            grads.append(param.grad)
+    limit = REDUCE_BUCKET_BYTES // 4
+    pieces = [piece for g in grads for piece in g.view(-1).split(limit)]  # views into the grads
+    while pieces:
+        count, size = 0, 0
+        while count < len(pieces) and size + pieces[count].numel() <= limit:
+            size += pieces[count].numel()
+            count += 1
+        bucket, pieces = pieces[:count], pieces[count:]
+        flat = torch.empty(size, dtype=torch.float32, device=device)
+        for piece, part in zip(bucket, flat.split([x.numel() for x in bucket])):
+            part.copy_(piece)
+        torch.distributed.all_reduce(flat, group=_TRAIN_GROUP)
+        flat.div_(world_size())
+        for piece, part in zip(bucket, flat.split([x.numel() for x in bucket])):
+            piece.copy_(part)
+
+
 @contextmanager
 def full_weights(model: torch.nn.Module) -> Iterator[None]:
     """Within the block every parameter of a sharded `model` is the full, gathered tensor, in the
@@ -335,7 +398,12 @@ def accumulation(model: torch.nn.Module, unsharded: bool) -> Iterator:
     FSDP gathers each layer for every forward, recomputation and backward, and reduce-scatters
     every micro-batch's gradients: less memory, and per layer and micro-batch a gather, a
     reduction and their host-side work (measured on G1 with FSDP over one H100: 1.1 s of a
-    3.5 s update, none of it communication). Identity for an unsharded model."""
+    3.5 s update, none of it communication). Identity for an unsharded model; a replicated one
+    averages its gradients over the ranks once the step's micro-batches are done."""
+    if is_replicated(model):
+        yield lambda last: None
+        all_reduce_gradients(model)
+        return
     units = fsdp_modules(model) if is_distributed() else []
     if not units or not unsharded:
         yield lambda last: None

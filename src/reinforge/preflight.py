@@ -189,8 +189,8 @@ def _check_distributed(cfg, pf: Preflight) -> None:
     pf.rows.append(
         (
             "processes",
-            f"{world} (torchrun; {env_local_world_size()} per node): {how}; FSDP2 shards "
-            "weights, gradients and optimizer states among those that train",
+            f"{world} (torchrun; {env_local_world_size()} per node): {how}; those that train "
+            "hold a replica each or FSDP2 shards (distributed.strategy; see the plan below)",
         )
     )
     is_rl = hasattr(cfg, "rollout")

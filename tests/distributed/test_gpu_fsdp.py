@@ -1,8 +1,9 @@
 """FSDP2 on two GPUs (marker `gpu`; skipped with fewer than two): the same configs as on one GPU,
 launched with torchrun, bf16 weights and float32 gradient reduction. The quickstart learns; the
-qwen2.5-0.5b shape trains full and LoRA steps that agree with one GPU's on the same global batch
-(bf16: within a few percent, not bit for bit) in less memory per GPU when the optimizer states
-are sharded; the disaggregated mode runs a generator GPU beside a trainer GPU."""
+qwen2.5-0.5b shape trains full (FSDP2, and a replica per GPU) and LoRA steps that agree with one
+GPU's on the same global batch (bf16: within a few percent, not bit for bit), in less memory per
+GPU when the optimizer states are sharded; the disaggregated mode runs a generator GPU beside a
+trainer GPU."""
 
 from __future__ import annotations
 
@@ -60,9 +61,11 @@ def test_quickstart_learns_on_two_gpus(tmp_path):
     assert (tmp_path / "qs" / "checkpoints" / f"step_{QUICKSTART_STEPS:06d}" / "dcp").is_dir()
 
 
-@pytest.mark.parametrize("lora", [False, True])
-def test_shape_model_on_two_gpus_agrees_with_one(tmp_path, lora):
-    extra = ["model.lora.rank=16"] if lora else []
+@pytest.mark.parametrize(
+    ("lora", "strategy"), [(False, "fsdp"), (False, "replicate"), (True, "auto")]
+)
+def test_shape_model_on_two_gpus_agrees_with_one(tmp_path, lora, strategy):
+    extra = [f"distributed.strategy={strategy}", *(["model.lora.rank=16"] if lora else [])]
     for nproc in (1, 2):
         train(*SHAPE_RUN, *extra, f"run.output_dir={tmp_path}", f"run.name=n{nproc}", nproc=nproc)
     one, two = rl_rows(tmp_path / "n1"), rl_rows(tmp_path / "n2")
@@ -72,7 +75,7 @@ def test_shape_model_on_two_gpus_agrees_with_one(tmp_path, lora):
     # step 1: the same weights and (keyed sampling) the same samples, up to bf16 batch effects
     assert two[0]["reward_mean"] == pytest.approx(one[0]["reward_mean"], rel=0.05)
     assert two[0]["grad_norm"] == pytest.approx(one[0]["grad_norm"], rel=0.05)
-    if not lora:  # weights, gradients and AdamW states are halved on each GPU
+    if strategy == "fsdp":  # weights, gradients and AdamW states are halved on each GPU
         assert max(r["gpu_peak_gib"] for r in two) < max(r["gpu_peak_gib"] for r in one)
     assert (tmp_path / "n2" / "checkpoints" / "step_000002" / "dcp" / ".metadata").is_file()
 

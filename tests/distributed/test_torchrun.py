@@ -1,7 +1,8 @@
 """`reinforge train` under torchrun on the CPU (gloo), in real subprocesses: two processes give
-the single-process run's numbers on the same global batch, checkpoints of two processes resume
-on one and checkpoints of one resume on two (launched as two single-process "nodes" meeting
-through a c10d rendezvous on localhost), continuing exactly; the same for LoRA (2 -> 1).
+the single-process run's numbers on the same global batch, replicated (the planner's choice for
+a micro model) and under FSDP2 both ways; checkpoints of two processes resume on one and
+checkpoints of one resume on two (launched as two single-process "nodes" meeting through a c10d
+rendezvous on localhost), continuing exactly; the same for LoRA (2 -> 1).
 
 The workload is the benchmark's random-token task on a micro Qwen2 shape with tied embeddings:
 its reward (completion length in characters mod 7) varies from sample to sample, so every step
@@ -142,7 +143,9 @@ def runs(tmp_path_factory):
 
 
 def test_two_processes_train_as_one_on_the_same_global_batch(runs):
-    _, _, one, two = runs
+    root, _, one, two = runs
+    # a micro model: each process holds a replica ("auto"), gradients averaged once a step
+    assert "replicated on 2 processes" in (root / "two.out").read_text()
     assert_same_steps(rl_metrics(two), rl_metrics(one), steps=(1, 2, 3, 4))
     # rank 0 alone writes the run's files: one line per step, no second rank's error file
     rows = (two / "metrics.jsonl").read_text().splitlines()
@@ -154,18 +157,27 @@ def test_two_processes_train_as_one_on_the_same_global_batch(runs):
     assert (step2 / "model.safetensors").is_file()  # HF weights gathered by rank 0
 
 
-def test_two_processes_reducing_every_micro_batch_train_as_one_too(runs):
-    """Both ways of accumulating a step's micro-batches under FSDP give the single process's
-    steps: the planner's (gathered layers, unsharded sums: it fits here) and FSDP's default
-    (gather and reduce at every micro-batch)."""
+@pytest.mark.parametrize("unsharded", [True, False])
+def test_two_processes_under_fsdp_train_as_one_too(runs, unsharded):
+    """FSDP2 (`distributed.strategy = "fsdp"`) gives the single process's steps both ways of
+    accumulating a step's micro-batches: gathered layers and unsharded sums, and FSDP's default
+    (gather and reduce at every micro-batch); its checkpoint resumes on one process."""
     root, common, one, _ = runs
-    assert "gradients unsharded" in (root / "two.out").read_text()
-    per_micro_batch = root / "two_per_micro_batch"
-    extra = [*common, "distributed.accumulate_unsharded=false"]
+    run_dir = root / f"fsdp_unsharded_{unsharded}"
+    extra = [
+        *common,
+        "distributed.strategy=fsdp",
+        f"distributed.accumulate_unsharded={str(unsharded).lower()}",
+    ]
     torchrun = [*TORCHRUN, "--standalone", "--nproc-per-node", "2"]
-    (output,) = launch([*torchrun, *reinforge(per_micro_batch, *extra)])
-    assert "gradients reduced every micro-batch" in output
-    assert_same_steps(rl_metrics(per_micro_batch), rl_metrics(one), steps=(1, 2, 3, 4))
+    (output,) = launch([*torchrun, *reinforge(run_dir, *extra)])
+    how = "unsharded" if unsharded else "reduced every micro-batch"
+    assert f"FSDP over 2 processes, gradients {how}" in output
+    assert_same_steps(rl_metrics(run_dir), rl_metrics(one), steps=(1, 2, 3, 4))
+    if unsharded:  # FSDP's DCP shards resume on one process
+        resumed = interrupted_copy(run_dir, root / "fsdp_then_one")
+        launch([sys.executable, "-m", "reinforge", "train", *common, "--resume", str(resumed)])
+        assert_same_steps(rl_metrics(resumed), rl_metrics(one), steps=(3, 4))
 
 
 def test_checkpoint_of_two_processes_resumes_on_one(runs):

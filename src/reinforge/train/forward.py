@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforge.distributed import PACKED_FORWARD, is_distributed, max_over_ranks
+from reinforge.distributed import PACKED_FORWARD, in_lockstep, max_over_ranks
 from reinforge.train.logprobs import chunked_logprobs, lm_head_weight
 from reinforge.train.packing import (
     PackedBatch,
@@ -46,16 +46,18 @@ def micro_batches(
     completions: Sequence[Sequence[int]],
     max_tokens: int,
     share_prompts: bool = True,
+    lockstep: bool = True,
 ) -> list[list[int]]:
     """Indices of the sequences in each micro-batch (each sorted), at most `max_tokens` tokens
     per micro-batch, a group's shared prompt counted once (its sequences are kept together where
-    they fit); a sequence longer than that is a `ConfigError` naming the setting."""
+    they fit); a sequence longer than that is a `ConfigError` naming the setting. `lockstep`
+    (`distributed.in_lockstep` of the model: FSDP): as many micro-batches on every rank."""
     lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
     completion_lengths = [len(c) for c in completions]
     plan = plan_shared_micro_batches(
         prompts, completion_lengths, max_tokens, share_prompts=share_prompts
     )
-    return equal_micro_batches(plan, lengths)
+    return equal_micro_batches(plan, lengths) if lockstep else plan
 
 
 def equal_micro_batches(batches: list[list[int]], lengths: Sequence[int]) -> list[list[int]]:
@@ -110,13 +112,13 @@ def packed_logprobs(model, batch: PackedBatch, temperature: float):
     packed row's targets."""
     hidden_LH = packed_hidden_states(model, batch)
     hidden_KH = hidden_LH.index_select(0, batch.target_positions_K)
-    # one process: the head gradient goes straight into .grad (no [V, H] buffer beside the
-    # layers' backward); under FSDP2 the gathered weight's gradient is FSDP's to reduce
+    # one process or a replica: the head gradient goes straight into .grad (no [V, H] buffer
+    # beside the layers' backward); under FSDP2 the gathered weight's gradient is FSDP's to reduce
     logprobs_K, entropy_K = chunked_logprobs(
         hidden_KH,
         lm_head_weight(model),
         batch.targets_K,
         temperature,
-        weight_grad_in_place=not is_distributed(),
+        weight_grad_in_place=not in_lockstep(model),
     )
     return hidden_KH, logprobs_K, entropy_K

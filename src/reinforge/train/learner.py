@@ -20,7 +20,7 @@ import torch
 from reinforge.algorithms.value import ValueHead
 from reinforge.checkpoint import TrainerState, load_extra_state, load_optimizer, restore_rng
 from reinforge.config import TrainConfig
-from reinforge.distributed import shard_model
+from reinforge.distributed import in_lockstep, is_replicated, shard_model
 from reinforge.run import RunContext
 from reinforge.train.advantage_step import Algorithm, StepBatch
 from reinforge.train.common import load_model, model_source
@@ -103,7 +103,8 @@ def reference_of(cfg: TrainConfig, ctx: RunContext, policy: Policy) -> Reference
     frozen = load_model(source, policy.device, next(policy.model.parameters()).dtype)
     frozen.eval().requires_grad_(False)
     select_packed_attention(frozen, "auto")
-    frozen = shard_model(frozen, trainable=False)  # under torchrun: sharded like the policy
+    # under torchrun: sharded (or replicated) like the policy
+    frozen = shard_model(frozen, trainable=False, replicate=is_replicated(policy.model))
     return lambda: nullcontext(frozen)
 
 
@@ -120,7 +121,8 @@ def score_with_models(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> N
         batch.old_values_BT = torch.zeros(shape, device=batch.mask_BT.device)
     share = cfg.train.share_prompts
     tokens = cfg.train.micro_batch_tokens
-    for idx in micro_batches(batch.prompts, batch.completions, tokens, share):
+    lockstep = in_lockstep(learner.policy.model)
+    for idx in micro_batches(batch.prompts, batch.completions, tokens, share, lockstep):
         prompts = [batch.prompts[i] for i in idx]
         completions = [batch.completions[i] for i in idx]
         if learner.reference is not None:

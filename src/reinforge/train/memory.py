@@ -20,16 +20,21 @@ the budget it plans in, and the choices the trainer takes from it.
 - The planner is told the AdamW state dtype (`optim.state_dtype`), the weight dtype, and for LoRA
   the exact trainable parameter count (`train.lora.bind_on_meta`, which also refuses an adapter
   that binds nothing, before any weights load).
-- Distributed (torchrun): the plan is one process's: its shard of the weights, gradients and
-  optimizer states, its share of the prompts, the full weights gathered for generation
-  (`planner`); on a CPU the node's RAM is divided among its processes.
+- Distributed (torchrun): the plan is one process's, with its share of the prompts; on a CPU
+  the node's RAM is divided among its processes. `distributed.strategy` "auto" plans both ways
+  (`plan_strategy`): replicated (the whole model, gradients and optimizer states on each
+  process, plus a float32 all-reduce bucket) and FSDP (its shard of them, the full weights
+  gathered for generation), and replicates unless that costs what the FSDP plan avoids:
+  checkpointing, a smaller KV pool, or micro-batches under the planner's good size (8,192
+  tokens) where FSDP's are larger. Without a plan: FSDP,
+  the least memory.
 - Resume: a run's micro-batch budget is saved in its checkpoints (`TrainerState`) and reused, so a
   resumed run splits its steps into the same micro-batches and stays exact.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from reinforge.config_envs import is_env_task
@@ -37,6 +42,7 @@ from reinforge.distributed import env_local_world_size, env_train_size
 from reinforge.envs.sources import EnvTasks
 from reinforge.errors import ConfigError
 from reinforge.train.planner import (
+    GOOD_MICRO_TOKENS,
     ModelShape,
     Plan,
     PlanInputs,
@@ -70,8 +76,9 @@ class MemoryChoice:
     # the paged engine's KV pool: the plan's, `rollout.kv_cache_bytes` when set, else None (no
     # plan and no setting: the engine's own default)
     kv_cache_bytes: int | None = None
-    num_shards: int = 1  # processes training together (FSDP); the plan is one process's
+    num_shards: int = 1  # processes training together; the plan is one process's
     accumulate_unsharded: bool = False  # FSDP: see `distributed.accumulation`
+    replicated: bool = False  # each process holds the whole model (`distributed.strategy`)
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,7 @@ def choose_memory(
     kv_bytes = getattr(getattr(cfg, "rollout", None), "kv_cache_bytes", None)
     unsharded = getattr(getattr(cfg, "distributed", None), "accumulate_unsharded", False)
     forced_unsharded = None if unsharded == "auto" else bool(unsharded)
+    strategy = getattr(getattr(cfg, "distributed", None), "strategy", "fsdp")
     free, budget_note = memory_budget(device)
     missing = [k for k in REQUIRED_CONFIG_KEYS if k not in model_config]
     if free is None or missing:
@@ -118,10 +126,11 @@ def choose_memory(
             f"no plan: {note}",
             kv_bytes,
             accumulate_unsharded=bool(forced_unsharded),
+            replicated=strategy == "replicate",  # "auto" without a plan: FSDP, the least memory
         )
     rank = cfg.model.lora.rank or None
     shards = env_train_size(cfg)
-    plan = plan_memory(
+    plan, replicated = plan_strategy(
         PlanInputs(
             free_bytes=free,
             model=ModelShape.from_hf_config(model_config, dtype_bytes),
@@ -137,7 +146,8 @@ def choose_memory(
             kv_cache_bytes=kv_bytes,
             gradient_checkpointing=forced_checkpointing,
             accumulate_unsharded=forced_unsharded,
-        )
+        ),
+        strategy,
     )
     tokens = micro_tokens or _capped(cfg, plan.micro_batch_tokens, device, work)
     if tokens < work.max_seq_len:
@@ -153,7 +163,39 @@ def choose_memory(
         plan.kv_cache_bytes,
         shards,
         plan.accumulate_unsharded,
+        replicated,
     )
+
+
+def plan_strategy(x: PlanInputs, strategy: str) -> tuple[Plan, bool]:
+    """(the plan, whether the model is replicated) for `x` (planned as FSDP over
+    `x.num_shards` processes) and `distributed.strategy`; see the module's docstring."""
+    if x.num_shards <= 1:  # one process: nothing to choose ("replicate" is then the same)
+        return plan_memory(x), strategy == "replicate"
+    if strategy == "fsdp":
+        return plan_memory(x), False
+    replica = replace(x, num_shards=1, replicas=x.num_shards, accumulate_unsharded=None)
+    if strategy == "replicate":
+        try:
+            return plan_memory(replica), True
+        except ConfigError as error:
+            raise ConfigError(
+                f'distributed.strategy = "replicate" holds the whole model on each process, and '
+                f'then: {error}. Or use distributed.strategy = "fsdp" (or "auto") to shard it'
+            ) from None
+    sharded = plan_memory(x)
+    try:
+        replicated = plan_memory(replica)
+    except ConfigError:
+        return sharded, False
+    # a replica's lost host work (FSDP's per-layer hooks, the DTensor optimizer) outweighs a
+    # somewhat smaller micro-batch, as long as it stays one that keeps the GPU busy
+    as_good = (
+        replicated.micro_batch_tokens >= min(sharded.micro_batch_tokens, GOOD_MICRO_TOKENS)
+        and replicated.kv_pages >= sharded.kv_pages
+        and (sharded.gradient_checkpointing or not replicated.gradient_checkpointing)
+    )
+    return (replicated, True) if as_good else (sharded, False)
 
 
 def _capped(cfg, tokens: int, device, work: Workload) -> int:
@@ -216,6 +258,8 @@ def resolve_memory(cfg, choice: MemoryChoice) -> None:
     cfg.model.gradient_checkpointing = choice.gradient_checkpointing
     if getattr(cfg, "distributed", None) is not None:
         cfg.distributed.accumulate_unsharded = choice.accumulate_unsharded
+        if choice.num_shards > 1:
+            cfg.distributed.strategy = "replicate" if choice.replicated else "fsdp"
 
 
 @dataclass(frozen=True)
@@ -286,12 +330,12 @@ def plan_rows(choice: MemoryChoice) -> list[tuple[str, str]]:
         tokens += f" (the planner's {choice.plan.micro_batch_tokens}, capped: see train.memory)"
     rows = [
         ("memory budget", choice.budget_note),
-        *sharding_rows(choice.num_shards),
+        *sharding_rows(choice.num_shards, choice.replicated),
         ("micro-batch tokens", tokens),
         ("gradient checkpointing", "on" if choice.gradient_checkpointing else "off"),
         *(
             [("unsharded accumulation", "on" if choice.accumulate_unsharded else "off")]
-            if choice.num_shards > 1
+            if choice.num_shards > 1 and not choice.replicated
             else []
         ),
         (
@@ -309,10 +353,19 @@ def plan_rows(choice: MemoryChoice) -> list[tuple[str, str]]:
     return rows
 
 
-def sharding_rows(shards: int) -> list[tuple[str, str]]:
+def sharding_rows(shards: int, replicated: bool = False) -> list[tuple[str, str]]:
     """What the plan assumes of a distributed run (none in one process)."""
     if shards <= 1:
         return []
+    if replicated:
+        return [
+            (
+                "sharding",
+                f"none, replicated over {shards} processes (distributed.strategy): each holds the "
+                "whole model, gradients and optimizer states, planned with its share of the "
+                "prompts; gradients averaged once per step",
+            )
+        ]
     return [
         (
             "sharding",

@@ -42,6 +42,10 @@ weights, gradients, AdamW states and LoRA states are divided by N; training gath
 layers and the embeddings at a time (the layer running and the next, prefetched); generation
 gathers all the weights, so it holds the full weights beside the process's own shard.
 
+Replicated (`replicas` = N processes each holding the whole model, `distributed.strategy`):
+one process's plan, plus a float32 bucket for averaging gradients over the processes
+(`distributed.REDUCE_BUCKET_BYTES`, or all the trainable parameters x 4 B when fewer).
+
 Phases share the device: the KV pool is allocated once and stays; gradients exist only while
 training (they are freed after each optimizer step). So the plan must satisfy
     static + KV + gradients + head accumulator + logits chunk + T * activations/token <= usable
@@ -64,6 +68,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from reinforge.distributed import REDUCE_BUCKET_BYTES
 from reinforge.errors import ConfigError
 from reinforge.train.logprobs import DEFAULT_CHUNK_SIZE
 
@@ -158,6 +163,7 @@ class PlanInputs:
     gradient_checkpointing: bool | None = None
     num_shards: int = 1  # FSDP processes; prompts_per_step is then this process's share
     accumulate_unsharded: bool | None = None  # FSDP: gathered weights + float32 gradient sums
+    replicas: int = 1  # processes each holding the whole model (num_shards is then 1)
     # The trainer frees the KV pool (and decode graphs) for its update on CUDA
     # (`Engine.release_memory`), so the pool and the training activations never coexist.
     kv_released_in_training: bool = True
@@ -212,6 +218,7 @@ class _Sizes:
     gathered_generation: int  # the rest of the weights, gathered for generation (FSDP)
     gathered_training: int  # the layers gathered at once in training: one, and the next
     unsharded_accumulation: int  # FSDP, accumulating unsharded: all weights + float32 grad sums
+    reduce_bucket: int  # replicated: the float32 bucket the gradients are averaged through
     logits_chunk: int
     generation: int
     kv_per_token: int
@@ -228,7 +235,7 @@ class _Sizes:
     @property
     def training_fixed(self) -> int:
         fixed = self.static + self.grads + self.head_grad + self.logits_chunk
-        return fixed + self.gathered_training
+        return fixed + self.gathered_training + self.reduce_bucket
 
     @property
     def generation_fixed(self) -> int:
@@ -241,15 +248,18 @@ class _Sizes:
 
 def _sizes(x: PlanInputs) -> _Sizes:
     m, d, shards = x.model, x.model.dtype_bytes, x.num_shards
+    assert shards == 1 or x.replicas == 1, "a model is either sharded or replicated"
     reserve = max(int(x.free_bytes * RESERVE_FRACTION), RESERVE_MIN_BYTES)
     weights = math.ceil(m.num_params * d / shards)
+    trainable = m.num_params
+    if x.lora_rank is not None:
+        trainable = x.lora_trainable_params or lora_trainable_params(m, x.lora_rank)
     if x.lora_rank is None:
         grads = math.ceil(m.num_params * d / shards)
         optimizer = math.ceil(m.num_params * OPTIMIZER_STATE_BYTES[x.optimizer] / shards)
         head_grad = m.vocab_size * m.hidden_size * d if shards > 1 else 0
         lora_state = 0
     else:
-        trainable = x.lora_trainable_params or lora_trainable_params(m, x.lora_rank)
         grads = optimizer = head_grad = 0
         lora_state = math.ceil(trainable * LORA_BYTES_PER_PARAM / shards)
     layer_bytes = (m.num_params - m.vocab_size * m.hidden_size) * d // max(m.num_layers, 1)
@@ -268,9 +278,6 @@ def _sizes(x: PlanInputs) -> _Sizes:
         gathered_training = 2 * layer_bytes + m.vocab_size * m.hidden_size * d
         # every layer stays gathered (beyond the two counted) and each trainable parameter
         # has a float32 gradient sum, unsharded
-        trainable = m.num_params
-        if x.lora_rank is not None:
-            trainable = x.lora_trainable_params or lora_trainable_params(m, x.lora_rank)
         gathered_all = m.num_params * d - weights - gathered_training
         unsharded_accumulation = max(gathered_all, 0) + trainable * 4
     return _Sizes(
@@ -284,6 +291,7 @@ def _sizes(x: PlanInputs) -> _Sizes:
         gathered_generation=m.num_params * d - weights if shards > 1 else 0,
         gathered_training=gathered_training,
         unsharded_accumulation=unsharded_accumulation,
+        reduce_bucket=min(REDUCE_BUCKET_BYTES, trainable * 4) if x.replicas > 1 else 0,
         logits_chunk=x.logits_chunk_tokens * m.vocab_size * (d + 8),
         generation=sampling + prefill,
         kv_per_token=m.kv_bytes_per_token,
@@ -517,8 +525,9 @@ def _gpus_needed(x: PlanInputs, s: _Sizes) -> int | None:
     for gpus in (2, 4, 8, 16, 32, 64):
         if gpus <= x.num_shards:
             continue
-        share = max(x.prompts_per_step * x.num_shards // gpus, 1)  # each GPU's prompts
-        trial = replace(unset_overrides(x), num_shards=gpus, prompts_per_step=share)
+        processes = max(x.num_shards, x.replicas)
+        share = max(x.prompts_per_step * processes // gpus, 1)  # each GPU's prompts
+        trial = replace(unset_overrides(x), num_shards=gpus, replicas=1, prompts_per_step=share)
         if _search(trial, _sizes(trial)) is not None:
             return gpus
     return None
@@ -536,6 +545,8 @@ def _rows(x: PlanInputs, s: _Sizes, checkpointing: bool, tokens: int, pages: int
     generation_peak = s.generation_fixed + kv
     shards = x.num_shards
     per = f" / {shards} processes (FSDP shard)" if shards > 1 else ""
+    if x.replicas > 1:
+        per = f" (whole, on each of {x.replicas} processes)"
     rows = [
         ("free device memory", x.free_bytes, ""),
         ("reserve", s.reserve, f"{RESERVE_FRACTION:.0%} of free: fragmentation, allocator"),
@@ -556,6 +567,14 @@ def _rows(x: PlanInputs, s: _Sizes, checkpointing: bool, tokens: int, pages: int
                 ),
             ),
         ]
+    if x.replicas > 1:
+        rows.append(
+            (
+                "gradient all-reduce bucket",
+                s.reduce_bucket,
+                "float32, gradients averaged over the processes once per step",
+            )
+        )
     if x.lora_rank is None:
         state_bytes = OPTIMIZER_STATE_BYTES[x.optimizer]
         rows += [

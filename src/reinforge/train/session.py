@@ -64,7 +64,9 @@ def load_policy(cfg, ctx: RunContext) -> tuple[Policy, TrainerState, Path | None
     resolve_memory(cfg, choice)
     state.micro_batch_tokens = choice.micro_batch_tokens
     sharded = ""
-    if choice.num_shards > 1:
+    if choice.replicated and choice.num_shards > 1:
+        sharded = f", replicated on {choice.num_shards} processes, gradients averaged once a step"
+    elif choice.num_shards > 1:
         how = "unsharded" if choice.accumulate_unsharded else "reduced every micro-batch"
         sharded = f", FSDP over {choice.num_shards} processes, gradients {how}"
     console.print(
@@ -73,7 +75,8 @@ def load_policy(cfg, ctx: RunContext) -> tuple[Policy, TrainerState, Path | None
         f"({choice.budget_note})"
     )
     model, source = build_model(cfg, ctx.run_dir, ckpt, state, device, dtype)
-    model = shard_model(model)  # FSDP2 under torchrun; one process: as it is
+    # under torchrun FSDP2 or a replica per process (`distributed.strategy`); one process: as it is
+    model = shard_model(model, replicate=choice.replicated)
     watchdog.beat_on_forward(model)  # every forward is progress for the hang watchdog
     if not is_generator():  # the processes that save
         state_bytes = 2 * STATE_DTYPES[cfg.optim.state_dtype].itemsize  # AdamW's two moments

@@ -16,7 +16,13 @@ import time
 import torch
 
 from reinforge.data.chat import chat_example
-from reinforge.distributed import accumulation, clip_grad_norm, loss_scale, sum_over_ranks
+from reinforge.distributed import (
+    accumulation,
+    clip_grad_norm,
+    in_lockstep,
+    loss_scale,
+    sum_over_ranks,
+)
 from reinforge.envs.sources import EnvTasks
 from reinforge.train.common import eos_ids
 from reinforge.train.forward import completion_rows, micro_batches
@@ -77,7 +83,8 @@ def sft_step(
     num_tokens = sum_over_ranks(float(sum(map(sum, masks))))  # the global batch's
     total_loss = 0.0
     optimizer.zero_grad(set_to_none=True)
-    batches = micro_batches(prompts, responses, micro_batch_tokens, share_prompts)
+    lockstep = in_lockstep(model)
+    batches = micro_batches(prompts, responses, micro_batch_tokens, share_prompts, lockstep)
     with accumulation(model, accumulate_unsharded) as before:
         for i, idx in enumerate(batches):
             before(last=i == len(batches) - 1)
@@ -85,7 +92,7 @@ def sft_step(
             loss = loss / num_tokens
             if poison:
                 loss = loss * math.nan
-            (loss * loss_scale()).backward()  # FSDP averages over ranks (see `distributed`)
+            (loss * loss_scale()).backward()  # averaged over ranks (see `distributed`)
             total_loss += loss.item()
     total_loss = sum_over_ranks(total_loss)
     grad_norm = clip_grad_norm(model.parameters(), max_grad_norm)
@@ -133,7 +140,7 @@ def validation_loss(model, tokenizer, tasks: list[Task], micro_batch_tokens: int
     model.eval()  # no dropout in a measurement
     total = sum(
         masked_logprob_sum(model, prompts, responses, masks, idx).item()
-        for idx in micro_batches(prompts, responses, micro_batch_tokens)
+        for idx in micro_batches(prompts, responses, micro_batch_tokens, True, in_lockstep(model))
     )
     model.train(was_training)
     return -total / sum(map(sum, masks))

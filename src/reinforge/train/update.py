@@ -7,7 +7,8 @@ micro-batching; metrics follow the same rule and are summed. On policy with one 
 the old logprobs are this forward's own, detached (`algorithm.old_logprobs = "trainer"`).
 
 In a distributed run the counts are the global step's (all ranks), each rank backpropagates its
-loss times the world size (FSDP averages gradients over ranks), and the summed metrics are summed
+loss times the world size (FSDP, or a replica's once-a-step reduction, averages gradients over
+ranks), and the summed metrics are summed
 over ranks too: the step is the single-process step of the same global batch.
 """
 
@@ -21,7 +22,13 @@ from reinforge.algorithms.losses import LossInputs
 from reinforge.algorithms.mismatch import mismatch_kl
 from reinforge.algorithms.value import clipped_value_loss
 from reinforge.config import TrainConfig
-from reinforge.distributed import accumulation, clip_grad_norm, loss_scale, reduce_metrics
+from reinforge.distributed import (
+    accumulation,
+    clip_grad_norm,
+    in_lockstep,
+    loss_scale,
+    reduce_metrics,
+)
 from reinforge.train.advantage_step import StepBatch
 from reinforge.train.forward import completion_rows, micro_batches
 from reinforge.train.learner import Learner
@@ -32,11 +39,13 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
     optimizer = learner.optimizer
     totals: dict[str, float] = {}
     optimizer.zero_grad(set_to_none=True)
+    model = learner.policy.model
+    t = cfg.train
     batches = micro_batches(
-        batch.prompts, batch.completions, cfg.train.micro_batch_tokens, cfg.train.share_prompts
+        batch.prompts, batch.completions, t.micro_batch_tokens, t.share_prompts, in_lockstep(model)
     )
     unsharded = cfg.distributed.accumulate_unsharded is True  # the plan's choice (`train.memory`)
-    with accumulation(learner.policy.model, unsharded) as before:
+    with accumulation(model, unsharded) as before:
         for i, idx in enumerate(batches):
             before(last=i == len(batches) - 1)
             for key, value in micro_step(cfg, learner, batch, idx).items():
