@@ -69,7 +69,7 @@ def test_shapes_count_parameters_and_kv_bytes():
 def test_05b_full_finetune_on_80gb_fits_without_checkpointing():
     plan = plan_memory(PlanInputs(free_bytes=FREE_80GB, model=M05, **G1))
     assert not plan.gradient_checkpointing
-    assert plan.micro_batch_tokens == 16384
+    assert plan.micro_batch_tokens == 32768
     # a KV pool for all 256 sequences at full length: 32 groups x (8 shared prompt pages + 8 x 32)
     assert plan.kv_pages == 32 * (8 + 8 * 32)
     assert plan.kv_cache_bytes == plan.kv_pages * 16 * M05.kv_bytes_per_token
@@ -90,7 +90,7 @@ def test_7b_full_finetune_adamw_on_80gb_is_refused_with_lora_suggested():
 def test_7b_lora_r32_on_80gb_fits_with_checkpointing():
     plan = plan_memory(PlanInputs(free_bytes=FREE_80GB, model=M7, lora_rank=32, **G2))
     assert plan.gradient_checkpointing
-    assert plan.micro_batch_tokens == 16384
+    assert plan.micro_batch_tokens == 32768
     assert plan.kv_pages == 32 * (16 + 8 * 64)  # the whole step's rollout at once
 
 

@@ -57,9 +57,12 @@ Choices, in order of preference (the first that fits wins; every choice can be o
 override that cannot fit is refused): no checkpointing with a micro-batch of at least 8192 tokens
 and a KV pool for the whole step's rollout; the same with checkpointing; smaller micro-batches
 (down to one full-length sequence); then a smaller KV pool (generation runs in waves). The
-micro-batch never exceeds the step's rollout tokens or 16,384 tokens. Why 8192: below it small
+micro-batch never exceeds the step's rollout tokens or 32,768 tokens. Why 8192: below it small
 models leave the GPU partly idle per micro-batch, while checkpointing costs about one extra
 forward (a third more training compute) and keeps a wide margin against the estimate's error.
+Why up to 32,768: a small model's update is bound by the host's per-layer work per micro-batch
+(G1 on an H100 at 16,384: 1.9 s of host time for 1.4 s of kernels), so fewer, larger
+micro-batches are faster (G1: train 3.08 -> 2.75 s, `bench/RESULTS.md` session 8).
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ GiB = 1 << 30
 RESERVE_FRACTION = 0.06
 RESERVE_MIN_BYTES = 64 * MiB
 GOOD_MICRO_TOKENS = 8192
-MAX_MICRO_TOKENS = 16384
+MAX_MICRO_TOKENS = 32768
 SAMPLING_SEQS = 256
 PREFILL_CHUNK_TOKENS = 8192
 DEFAULT_LORA_RANK = 16
