@@ -11,7 +11,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from reinforge.config import ROOTS, _variants
+from reinforge.config import ROOTS
+from reinforge.config_load import _variants
 
 
 def _type_name(annotation: Any) -> str:
