@@ -485,9 +485,9 @@ def test_padded_kernel_matches_the_reference_with_shared_prompts(long_single):
 def test_varlen_kernel_matches_reference_on_cuda(shared):
     """torch's flash varlen against the per-segment reference; with shared prompts a segment has
     more keys than queries, and the causal diagonal must sit at the last key."""
-    from reinforge.train.packed_attention import _torch_varlen
+    from reinforge.engine.varlen import torch_varlen_attn
 
-    if _torch_varlen() is None:
+    if torch_varlen_attn() is None:
         pytest.skip("torch has no torch.nn.attention.varlen")
     seqs = grouped_sequences(groups=3, per_group=4, seed=5) if shared else random_sequences(6, 5)
     [batch] = pack(seqs, max_tokens=1000)

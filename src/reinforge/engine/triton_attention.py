@@ -20,7 +20,6 @@ SDPA loop.
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 import warnings
 
@@ -35,6 +34,7 @@ from reinforge.engine.attention import (
     prefill_sdpa,
     write_kv_index_copy,
 )
+from reinforge.engine.varlen import torch_varlen_attn, varlen_options
 
 # Tunables of the decode kernel (the bench may override them): tokens per inner iteration,
 # warps per program, software-pipelining depth, and how many programs per SM the split count aims
@@ -395,24 +395,10 @@ def rope_write_kv(
     return q_THD, k_TKD
 
 
-@functools.cache
-def _varlen_attn():
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:  # torch < 2.10
-        return None
-    return varlen_attn
-
-
-@functools.cache
-def _varlen_options() -> frozenset[str]:
-    return frozenset(inspect.signature(_varlen_attn()).parameters)
-
-
 def varlen_causal(q_THD, k_TKD, v_TKD, cu_seqlens: torch.Tensor, max_len: int, scale: float):
     """torch's packed flash attention, causal within each sequence. Its keyword names moved
     between torch releases (`is_causal` in 2.10, `window_size` later): read off its signature."""
-    options = _varlen_options()
+    options = varlen_options()
     kwargs: dict = {}
     if "window_size" in options:
         kwargs["window_size"] = (-1, 0)
@@ -429,7 +415,7 @@ def varlen_causal(q_THD, k_TKD, v_TKD, cu_seqlens: torch.Tensor, max_len: int, s
         kwargs["scale"] = scale
     else:
         assert math.isclose(scale, q_THD.shape[-1] ** -0.5), "varlen_attn has no scale argument"
-    return _varlen_attn()(
+    return torch_varlen_attn()(
         q_THD.contiguous(),
         k_TKD.contiguous(),
         v_TKD.contiguous(),
@@ -451,7 +437,7 @@ def prefill_varlen(q_THD, k_TKD, v_TKD, k_cache, v_cache, meta: AttentionMetadat
         and not _varlen_broken
         and meta.cu_seqlens is not None
         and q_THD.dtype in (torch.bfloat16, torch.float16)
-        and _varlen_attn() is not None
+        and torch_varlen_attn() is not None
     ):
         max_len = max(meta.query_lens)
         try:

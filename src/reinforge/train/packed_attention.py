@@ -30,12 +30,13 @@ implementation, chosen once by `select_packed_attention(model)`:
 from __future__ import annotations
 
 import functools
-import inspect
 import itertools
 import math
 from dataclasses import dataclass
 
 import torch
+
+from reinforge.engine.varlen import torch_varlen_attn, varlen_options
 
 VARLEN = "reinforge_varlen"
 VARLEN_REFERENCE = "reinforge_varlen_reference"
@@ -123,7 +124,7 @@ def select_packed_attention(model, prefer: str = "auto") -> str:
     if (
         param.device.type == "cuda"
         and param.dtype in (torch.bfloat16, torch.float16)
-        and _torch_varlen() is not None
+        and torch_varlen_attn() is not None
     ):
         return _set_implementation(model, VARLEN)
     if current == "eager":
@@ -193,26 +194,12 @@ def _varlen_attention(kernel):
     return forward
 
 
-@functools.cache
-def _torch_varlen():
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:  # torch < 2.10
-        return None
-    return varlen_attn
-
-
-@functools.cache
-def _varlen_options() -> frozenset[str]:
-    return frozenset(inspect.signature(_torch_varlen()).parameters)
-
-
 def _torch_varlen_kernel(q_LHD, k_LHD, v_LHD, seg: Segments, scale: float):
     """torch's flash varlen kernel, causal within each segment (flash attention aligns the
     diagonal to the last key when a segment has more keys than queries, as shared prompts need).
     Its keyword names moved between torch releases (`is_causal` in 2.10, `window_size` later),
     so they are read off its signature."""
-    options = _varlen_options()
+    options = varlen_options()
     kwargs: dict = {}
     if "window_size" in options:
         kwargs["window_size"] = (-1, 0)
@@ -228,7 +215,7 @@ def _torch_varlen_kernel(q_LHD, k_LHD, v_LHD, seg: Segments, scale: float):
         kwargs["scale"] = scale
     else:
         assert math.isclose(scale, q_LHD.shape[-1] ** -0.5), "kernel has no scale argument"
-    return _torch_varlen()(
+    return torch_varlen_attn()(
         q_LHD.contiguous(),
         k_JHD.contiguous(),
         v_JHD.contiguous(),
