@@ -22,6 +22,22 @@ class DigitTasks(ArithmeticTasks):
         return sum(ch.isdigit() for ch in text) / 6
 
 
+def micro_step_config(*overrides: str) -> TrainConfig:
+    """The micro model with a small RL step (4 prompts x 4 samples of at most 6 new tokens), then
+    `overrides`."""
+    return load_config(
+        TrainConfig,
+        None,
+        [
+            "model.path=builtin:micro",
+            "rollout.prompts_per_step=4",
+            "rollout.samples_per_prompt=4",
+            "rollout.max_new_tokens=6",
+            *overrides,
+        ],
+    )
+
+
 def make_policy(cfg):
     source = model_source(cfg.model.path, cfg.run.seed)
     tok = load_tokenizer(source)
@@ -124,19 +140,11 @@ def test_shared_prompts_give_the_update_of_whole_sequences(tmp_path, monkeypatch
     for share in (True, False):
         packed.clear()
         torch.manual_seed(0)
-        cfg = load_config(
-            TrainConfig,
-            None,
-            [
-                "model.path=builtin:micro",
-                "rollout.prompts_per_step=4",
-                "rollout.samples_per_prompt=4",
-                "rollout.max_new_tokens=6",
-                "optim.lr=3e-3",
-                "train.micro_batch_tokens=120",
-                "algorithm.kl_coef=0.05",
-                f"train.share_prompts={str(share).lower()}",
-            ],
+        cfg = micro_step_config(
+            "optim.lr=3e-3",
+            "train.micro_batch_tokens=120",
+            "algorithm.kl_coef=0.05",
+            f"train.share_prompts={str(share).lower()}",
         )
         learner = make_learner(cfg, tmp_path / str(share))
         params = list(learner.policy.model.parameters())

@@ -14,7 +14,7 @@ from reinforge.train.optim import MixedAdamW, build_optimizer
 from reinforge.train.sft import sft_step
 from reinforge.train.update import update_policy
 
-from .test_rl_loop import DigitTasks, make_learner, make_policy
+from .test_rl_loop import DigitTasks, make_learner, make_policy, micro_step_config
 
 TEMPERATURE = 0.7
 ENTROPY_COEF = 0.01
@@ -44,21 +44,13 @@ def padded_rows(model, batch):
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
 def test_packed_update_has_the_padded_gradient(aggregation, tmp_path):
-    cfg = load_config(
-        TrainConfig,
-        None,
-        [
-            "model.path=builtin:micro",
-            "rollout.prompts_per_step=4",
-            "rollout.samples_per_prompt=4",
-            "rollout.max_new_tokens=6",
-            f"rollout.temperature={TEMPERATURE}",
-            "algorithm.kl_coef=0",
-            f"algorithm.entropy_coef={ENTROPY_COEF}",
-            f"algorithm.loss_aggregation={aggregation}",
-            "optim.max_grad_norm=1e9",  # no clipping: compare raw gradients
-            "train.micro_batch_tokens=64",  # several packed micro-batches
-        ],
+    cfg = micro_step_config(
+        f"rollout.temperature={TEMPERATURE}",
+        "algorithm.kl_coef=0",
+        f"algorithm.entropy_coef={ENTROPY_COEF}",
+        f"algorithm.loss_aggregation={aggregation}",
+        "optim.max_grad_norm=1e9",  # no clipping: compare raw gradients
+        "train.micro_batch_tokens=64",  # several packed micro-batches
     )
     policy = make_policy(cfg)
     learner = make_learner(cfg, tmp_path, policy)
