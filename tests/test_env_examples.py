@@ -93,7 +93,15 @@ def test_a_tool_run_whose_model_never_calls_a_tool_says_so(tmp_path):
 def run_example(config: str, tmp_path, *overrides: str) -> tuple[list[dict], list[dict], float]:
     """(RL step rows, held-out evaluation rows, wall seconds) of `reinforge train CONFIG`."""
     start = time.perf_counter()
-    out = cli("train", config, f"run.output_dir={tmp_path}", "run.name=ex", *overrides, timeout=900)
+    out = cli(
+        "train",
+        config,
+        f"run.output_dir={tmp_path}",
+        "run.name=ex",
+        *overrides,
+        timeout=900,
+        fresh=True,
+    )
     wall = time.perf_counter() - start
     assert out.returncode == ExitCode.OK, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [r for r in rows_of(tmp_path / "ex") if r.get("phase") == "rl"]

@@ -14,7 +14,9 @@ from .conftest import QUICKSTART_STEPS, cli
 @pytest.mark.slow
 def test_quickstart_rl_raises_held_out_accuracy(tmp_path):
     start = time.perf_counter()
-    out = cli("train", "configs/quickstart.toml", f"run.output_dir={tmp_path}", timeout=1500)
+    out = cli(
+        "train", "configs/quickstart.toml", f"run.output_dir={tmp_path}", timeout=1500, fresh=True
+    )
     wall = time.perf_counter() - start
     assert out.returncode == ExitCode.OK, out.stdout[-3000:] + out.stderr[-3000:]
     rows = [

@@ -5,27 +5,25 @@ Each killed process must first make progress (one more checkpoint than it starte
 kill lands in training, not in the interpreter's start. (The drill this replaces killed at 4-10 s
 of wall time; on a loaded machine a start takes longer than that, so no kill reached training and
 the final resume ran all 150 steps alone, over 300 s: the "stall" it was excluded for.) The killed
-processes are forked from a server that has done the imports (`forkserver.py`), which makes the
-drill cheap enough for the default run; the uninterrupted run and the final resume are the real
-`python -m reinforge.cli`. Every process runs under the hang watchdog, so a true stall ends with
+processes are forked from a server that has done the imports (`tests/forkserver.py`), which makes
+the drill cheap enough for the default run; so are the uninterrupted run and the final resume
+(through `conftest.cli`, from the session's server). Every process runs under the hang watchdog, so a true stall ends with
 every thread's stack in its log instead of a test timeout. The killed run saves asynchronously
 (`checkpoint.async_save`), the uninterrupted one synchronously: the kills land in background
 writes too, and each checkpoint must still equal the synchronous one byte for byte.
 """
 
 import hashlib
-import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from reinforge.errors import ExitCode
 
 from ..conftest import REPO, TINY_RUN, cli
+from ..forkserver import ForkServer
 
 NUM_KILLS = 20
 MAX_STEPS = 60
@@ -42,30 +40,6 @@ ARGS = [
 ]
 
 KILLED = [*ARGS, "run.name=killed", "checkpoint.async_save=true"]
-
-
-class ForkServer:
-    def __init__(self):
-        self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("forkserver.py"))],
-            cwd=REPO,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-        )
-
-    def start(self, argv: list[str], log: Path) -> int:
-        self.proc.stdin.write(json.dumps({"argv": argv, "log": str(log)}) + "\n")
-        self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())["pid"]
-
-    def wait(self) -> int:
-        return json.loads(self.proc.stdout.readline())["returncode"]
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
 
 
 def latest(run: Path) -> str | None:
@@ -133,7 +107,8 @@ def test_twenty_kill9_resumes_reach_the_same_weights(tmp_path):
         *ARGS, f"run.output_dir={tmp_path}", "run.name=straight", "checkpoint.keep_last=1000"
     )
     assert straight.returncode == ExitCode.OK, straight.stderr
-    run, rng, server = tmp_path / "killed", random.Random(0), ForkServer()
+    server = ForkServer(env={**os.environ, "OMP_NUM_THREADS": "1"}, cwd=REPO)
+    run, rng = tmp_path / "killed", random.Random(0)
     reached, num_during_save, num_same = [], 0, 0
     try:
         kill_once(server, run, 0, rng, tmp_path / "kill0.log")  # during the SFT result's save
