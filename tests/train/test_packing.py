@@ -25,10 +25,9 @@ from reinforge.train.packing import (
     batch_segments,
     pack,
     packed_logprobs,
-    plan_micro_batches,
-    plan_shared_micro_batches,
     unpack,
 )
+from reinforge.train.packing_plan import plan_micro_batches, plan_shared_micro_batches
 
 TEMPERATURE = 0.7
 
@@ -124,7 +123,7 @@ def test_plan_respects_budget_uses_minimal_count_and_balances():
 
 
 def test_plan_random_lengths_never_worse_than_first_fit_decreasing():
-    from reinforge.train.packing import _first_fit_decreasing
+    from reinforge.train.packing_plan import _first_fit_decreasing
 
     gen = torch.Generator().manual_seed(3)
     for _ in range(50):

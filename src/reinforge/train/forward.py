@@ -29,8 +29,8 @@ from reinforge.train.packing import (
     PackSequence,
     pack_one,
     packed_hidden_states,
-    plan_shared_micro_batches,
 )
+from reinforge.train.packing_plan import plan_shared_micro_batches
 
 
 @dataclass

@@ -25,15 +25,14 @@ Contract
   then the chunked LM head of `train.logprobs` on the K target positions. It replaces
   `pad_batch` + `token_logprobs` in the RL update.
 
+Which sequences share a micro-batch is `train.packing_plan`'s (plain Python over lengths).
 Attention stays inside each segment's keys: `train.packed_attention` (the implementations, the
 kernels, the masks); `packed_attention_kwargs` hands a micro-batch's boundaries to them.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 
@@ -53,8 +52,7 @@ from reinforge.train.packed_attention import (
     Segments,
     segment_mask,
 )
-
-BUDGET_SETTING = "train.micro_batch_tokens"
+from reinforge.train.packing_plan import plan_shared_micro_batches
 
 
 @dataclass(frozen=True)
@@ -150,61 +148,6 @@ def unpack(x_K: torch.Tensor, batch: PackedBatch) -> list[torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Assigning sequences to micro-batches (plain Python over lengths)
-
-
-def plan_micro_batches(
-    lengths: Sequence[int], max_tokens: int, min_micro_batches: int = 1
-) -> list[list[int]]:
-    """Indices of the sequences in each micro-batch: each micro-batch holds at most `max_tokens`
-    tokens, there are as few as first-fit-decreasing needs (at least `min_micro_batches`, e.g. the
-    same count on every data-parallel rank, capped at one sequence each), and token counts are
-    balanced: longest first, each into the least-loaded micro-batch."""
-    if not lengths:
-        return []
-    _check_longest(lengths, max_tokens)
-    first_fit = _first_fit_decreasing(lengths, max_tokens)
-    lowest = min(max(min_micro_batches, math.ceil(sum(lengths) / max_tokens)), len(lengths))
-    for count in range(lowest, max(lowest, len(first_fit)) + 1):
-        bins = _balanced(lengths, count, max_tokens)
-        if bins is not None:
-            return bins
-    return first_fit  # balancing found no fit at FFD's count (rare): keep FFD's bins
-
-
-def _longest_first(lengths: Sequence[int]) -> list[int]:
-    return sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-
-
-def _first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
-    bins: list[list[int]] = []
-    loads: list[int] = []
-    for i in _longest_first(lengths):
-        slot = next((b for b, load in enumerate(loads) if load + lengths[i] <= capacity), None)
-        if slot is None:
-            bins.append([])
-            loads.append(0)
-            slot = len(bins) - 1
-        bins[slot].append(i)
-        loads[slot] += lengths[i]
-    return [sorted(b) for b in bins]
-
-
-def _balanced(lengths: Sequence[int], count: int, capacity: int) -> list[list[int]] | None:
-    """Longest-processing-time assignment to `count` bins; None if a sequence does not fit in the
-    least-loaded bin (then it fits in none)."""
-    heap = [(0, b) for b in range(count)]
-    bins: list[list[int]] = [[] for _ in range(count)]
-    for i in _longest_first(lengths):
-        load, b = heapq.heappop(heap)
-        if load + lengths[i] > capacity:
-            return None
-        bins[b].append(i)
-        heapq.heappush(heap, (load + lengths[i], b))
-    return [sorted(b) for b in bins if b]
-
-
-# ---------------------------------------------------------------------------------------------
 # Laying out one micro-batch
 
 
@@ -223,97 +166,6 @@ def pack(
         share_prompts,
     )
     return [pack_one(seqs, indices, share_prompts) for indices in plan]
-
-
-def plan_shared_micro_batches(
-    prompts: Sequence[Sequence[int]],
-    completion_lengths: Sequence[int],
-    max_tokens: int,
-    min_micro_batches: int = 1,
-    share_prompts: bool = True,
-) -> list[list[int]]:
-    """`plan_micro_batches` over prompt groups: sequences with the same prompt ids go to one
-    micro-batch where they fit (the prompt counted once), so `pack_one` can run the prompt once
-    for all of them; a group too large for one micro-batch is split in as few parts as it takes.
-    Where whole groups leave more micro-batches than their tokens need (large groups fill a
-    budget coarsely: 3 groups of 4,224 tokens in 16,384), groups are split to fill each
-    micro-batch, each part carrying its own copy of the prompt, if that saves micro-batches.
-    Each micro-batch's indices come sorted."""
-    lengths = [len(p) + c for p, c in zip(prompts, completion_lengths)]
-    if not share_prompts:
-        return plan_micro_batches(lengths, max_tokens, min_micro_batches)
-    _check_longest(lengths, max_tokens)
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i, prompt in enumerate(prompts):
-        groups.setdefault(tuple(prompt), []).append(i)
-    units: list[list[int]] = []
-    unit_tokens: list[int] = []
-    for members in groups.values():
-        prompt_len = len(prompts[members[0]])
-        for part in _parts(members, prompt_len, completion_lengths, max_tokens):
-            units.append(part)
-            unit_tokens.append(prompt_len + sum(completion_lengths[i] for i in part))
-    bins = [
-        [i for u in b for i in units[u]]
-        for b in plan_micro_batches(unit_tokens, max_tokens, min_micro_batches)
-    ]
-    if len(bins) > max(min_micro_batches, math.ceil(sum(unit_tokens) / max_tokens)):
-        by_size = sorted(groups.values(), key=lambda m: -sum(lengths[i] for i in m))
-        filled = _filled(by_size, prompts, completion_lengths, max_tokens)
-        if min_micro_batches <= len(filled) < len(bins):
-            bins = filled
-    return [sorted(b) for b in bins]
-
-
-def _parts(
-    members: list[int], prompt_len: int, completion_lengths: Sequence[int], max_tokens: int
-) -> list[list[int]]:
-    """A group's members in order, cut into as few parts as fit `max_tokens` each (with the
-    prompt once per part)."""
-    parts: list[list[int]] = [[]]
-    load = prompt_len
-    for i in members:
-        if parts[-1] and load + completion_lengths[i] > max_tokens:
-            parts.append([])
-            load = prompt_len
-        parts[-1].append(i)
-        load += completion_lengths[i]
-    return parts
-
-
-def _filled(
-    groups: list[list[int]],
-    prompts: Sequence[Sequence[int]],
-    completion_lengths: Sequence[int],
-    max_tokens: int,
-) -> list[list[int]]:
-    """Next fit with splitting: each micro-batch takes the next group's members while they fit;
-    a group that overflows goes on in the next micro-batch with another copy of its prompt."""
-    bins: list[list[int]] = [[]]
-    load = 0
-    for members in groups:
-        prompt_len = len(prompts[members[0]])
-        pending = list(members)
-        while pending:
-            if load + prompt_len + completion_lengths[pending[0]] > max_tokens:
-                bins.append([])
-                load = 0
-            load += prompt_len
-            while pending and load + completion_lengths[pending[0]] <= max_tokens:
-                i = pending.pop(0)
-                bins[-1].append(i)
-                load += completion_lengths[i]
-    return [b for b in bins if b]
-
-
-def _check_longest(lengths: Sequence[int], max_tokens: int) -> None:
-    longest = max(lengths, default=0)
-    if longest > max_tokens:
-        raise ConfigError(
-            f"{BUDGET_SETTING} = {max_tokens} is shorter than the longest sequence "
-            f"({longest} tokens, prompt + completion); use {BUDGET_SETTING} >= {longest} or a "
-            "smaller rollout.max_new_tokens"
-        )
 
 
 def pack_one(
