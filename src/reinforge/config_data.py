@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from reinforge.config_base import Section
+from reinforge.config_rewards import ScoredTask
 
 
 class DatasetColumnsSection(Section):
@@ -35,7 +36,7 @@ class DatasetColumnsSection(Section):
     data_source (verl); rows without one take task.data_source."""
 
 
-class DatasetTaskConfig(Section):
+class DatasetTaskConfig(ScoredTask):
     name: Literal["dataset"] = "dataset"
     """Tasks from your data: JSONL, JSON, parquet, CSV/TSV, an HF dataset or a Python generator,
     in verl's, TRL's or plain prompt/answer columns."""

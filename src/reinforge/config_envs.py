@@ -18,21 +18,12 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from reinforge.config_base import Section
+from reinforge.config_rewards import ScoredTask
 
 ParserName = Literal["hermes", "llama3_json", "mistral"]
 
 
-class RewardWeight(Section):
-    name: str
-    """A reward component: "env" (the env's own score), a component the env reports (a game's
-    "outcome" and "legal_moves"), "format" or "math" (scored on the episode's last assistant
-    message), or your own `(completion, task) -> float` as "module:function" or
-    "path/to/file.py:function"."""
-    weight: float = 1.0
-    """Its weight in the training reward (0 logs it without training on it)."""
-
-
-class EnvTaskConfig(Section):
+class EnvTaskConfig(ScoredTask):
     """Settings every env task shares."""
 
     max_turns: int = Field(8, ge=1, le=10_000)
@@ -44,9 +35,6 @@ class EnvTaskConfig(Section):
     `context_overflows`, never cut silently. A turn generates at most rollout.max_new_tokens
     (eval.max_new_tokens in evaluation) or what is left of this, whichever is smaller. Default:
     the model's context."""
-    rewards: list[RewardWeight] = [RewardWeight(name="env")]
-    """The training reward: the weighted sum of these components, each logged as
-    `reward_<name>`, e.g. [{name = "env", weight = 1.0}, {name = "format", weight = 0.2}]."""
     render_tools: bool = True
     """Give the env's tool schemas to the chat template (`tools=`), which shows them to the model
     in the form it was trained on. Templates without tool support (builtin:tiny's ChatML) ignore

@@ -38,7 +38,7 @@ Contract:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import MethodType
 
@@ -260,7 +260,10 @@ def reduce_metrics(
 
 
 def shard_model(
-    model: torch.nn.Module, trainable: bool = True, replicate: bool = False
+    model: torch.nn.Module,
+    trainable: bool = True,
+    replicate: bool = False,
+    packed_forward: Callable | None = None,
 ) -> torch.nn.Module:
     """FSDP2 over all ranks: each decoder layer is one unit (gathered for its forward and
     backward, then freed), the rest (embeddings, final norm, LM head) the root unit. In place;
@@ -280,8 +283,6 @@ def shard_model(
         register_fsdp_forward_method,
     )
 
-    from reinforge.train.forward import packed_logprobs
-
     device = next(model.parameters()).device
     if _TRAIN_GROUP is None:
         mesh = init_device_mesh(device.type, (world_size(),))
@@ -298,8 +299,9 @@ def shard_model(
     for layer in model.get_decoder().layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
-    setattr(model, PACKED_FORWARD, MethodType(packed_logprobs, model))
-    register_fsdp_forward_method(model, PACKED_FORWARD)
+    if packed_forward is not None:  # the trainer's forward, run as FSDP's (gathers the layers)
+        setattr(model, PACKED_FORWARD, MethodType(packed_forward, model))
+        register_fsdp_forward_method(model, PACKED_FORWARD)
     return model
 
 

@@ -106,6 +106,6 @@ def test_scorer_refuses_unknown_components_naming_the_known_ones():
 
 
 def _specs(dicts):
-    from reinforge.config_envs import RewardWeight
+    from reinforge.config_rewards import RewardWeight
 
     return [RewardWeight(**d) for d in dicts]

@@ -15,6 +15,7 @@ from reinforge.algorithms.table import PRESETS
 from reinforge.checkpoint import TrainerState, latest_checkpoint, load_trainer_state
 from reinforge.config import SFTConfig, TrainConfig, load_config
 from reinforge.eval import EvalResult, evaluate
+from reinforge.rollout.sources import sample_groups
 from reinforge.run import RunContext
 from reinforge.tasks.arithmetic import ArithmeticTasks
 from reinforge.train import rl
@@ -182,7 +183,7 @@ def test_dynamic_sampling_drops_flat_groups_and_counts_them(max_rounds):
 
     policy, tasks = make_policy(cfg), HalfFlatTasks(cfg.task)
     state = TrainerState("rl", 0, 0)
-    sampled, chosen, metrics = rl.sample_groups(cfg, policy, tasks, state, step=1)
+    sampled, chosen, metrics = sample_groups(cfg, policy, tasks, state, step=1)
     flat = [len({t.reward for t in g.trajectories}) == 1 for g in chosen]
     counts = {k: metrics[k] for k in ("sampling_rounds", "dropped_groups", "filled_groups")}
     if max_rounds == 4:

@@ -272,8 +272,8 @@ class Lengths:
 def probe_lengths(cfg, tokenizer) -> Lengths:
     """Token lengths over the held-out tasks and the first `NUM_TRAIN_PROMPTS_PROBED` training
     tasks."""
+    from reinforge.data.chat import eos_ids, render_prompt
     from reinforge.tasks import task_source_for
-    from reinforge.train.common import eos_ids, render_prompt
 
     tasks = task_source_for(cfg, tokenizer)
     if isinstance(tasks, EnvTasks):  # prompts as the env opens them; reference episodes for SFT

@@ -1,4 +1,4 @@
-"""RL and evaluation on env tasks: multi-turn episodes (train/episodes.py) as trajectories.
+"""Episodes (rollout/episodes.py) as the trainer's trajectories, and how a step's episodes went.
 
 A trajectory of an episode is its exact record, token-in/token-out: the opening prompt's ids,
 then every assistant turn's sampled ids (loss mask 1, the sampler's logprobs) and every env
@@ -19,19 +19,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from reinforge.data.chat import eos_ids
 from reinforge.engine.base import Engine, SamplingParams
 from reinforge.envs.sources import EnvTasks
-from reinforge.eval import EvalResult, sample_row
-from reinforge.eval_metrics import Sample, summarize_eval
+from reinforge.faults import RewardErrors
 from reinforge.metrics import read_metrics
-from reinforge.train.common import eos_ids
-from reinforge.train.episodes import Episode, EpisodeLimits, check_episode, run_episodes
+from reinforge.rollout.episodes import Episode, EpisodeLimits, check_episode, run_episodes
 from reinforge.types import Completion, Group, Task, Trajectory
 
-# Episode ends as the trainer's completions know them: cut by a limit is "length".
-FINISH_REASONS = {"done": "stop", "context": "length", "max_turns": "length"}
+# Episode ends as the trainer's completions know them: cut by a limit is "length"; an env error
+# is "stop" with every id out of the loss (episodes._fail).
+FINISH_REASONS = {"done": "stop", "context": "length", "max_turns": "length", "env_error": "stop"}
 
-# Counters every episode reports, whatever its env: how the episode ran.
+# Counters every multi-turn episode reports, whatever its env: how the episode ran.
 EPISODE_COUNTERS = ("finish_context", "template_rerenders_history", "turn_truncated")
 
 # Step metric <- episode counter. Counts are summed over the step's episodes (as `reinforge
@@ -50,6 +50,7 @@ SUMMED = {
     "template_rerenders_history": "template_rerenders",
     "turn_truncated": "turn_truncations",
     "token_mismatch": "token_mismatches",
+    "env_errors": "env_errors",
 }
 RATES = {
     "tool_calls": "tool_call_rate",
@@ -61,26 +62,6 @@ RATES = {
 MEANS = {"turns": "turns_per_episode", "tool_calls": "tool_calls_per_episode"}
 
 
-def env_rollout(
-    cfg, policy, env_tasks: EnvTasks, batch_tasks: list[Task], seed: int
-) -> list[Group]:
-    """`rollout.samples_per_prompt` scored episodes of each task, as groups."""
-    r = cfg.rollout
-    params = SamplingParams(
-        max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        min_p=r.min_p,
-        stop_token_ids=tuple(eos_ids(policy.tokenizer)),
-        stop_strings=tuple(r.stop_strings),
-        seed=seed,
-    )
-    return play(
-        policy.engine, policy.tokenizer, env_tasks, batch_tasks, r.samples_per_prompt, params
-    )
-
-
 def play(
     engine: Engine,
     tokenizer,
@@ -88,9 +69,11 @@ def play(
     tasks: list[Task],
     samples_per_task: int,
     params: SamplingParams,
+    errors: RewardErrors | None = None,
 ) -> list[Group]:
     """`samples_per_task` episodes of each task as scored trajectories, one group per task
-    (`params.max_new_tokens` is each turn's budget)."""
+    (`params.max_new_tokens` is each turn's budget). Reward components that fail are counted
+    in `errors`; an env that raises fails its episode (`env_errors`)."""
     limits = episode_limits(env_tasks, params.max_new_tokens, engine)
     tools = tools_to_render(env_tasks)
     episode_groups = run_episodes(
@@ -103,8 +86,9 @@ def play(
         limits,
         render_tools=tools is not None,
     )
+    errors = errors if errors is not None else RewardErrors()
     return [
-        Group(task, [to_trajectory(tokenizer, env_tasks, e, tools) for e in episodes])
+        Group(task, [to_trajectory(tokenizer, env_tasks, e, tools, errors) for e in episodes])
         for task, episodes in zip(tasks, episode_groups)
     ]
 
@@ -112,86 +96,79 @@ def play(
 def episode_limits(env_tasks: EnvTasks, max_new_tokens: int, engine) -> EpisodeLimits:
     """Per-turn budget `max_new_tokens`; the episode's context: task.max_context, else the
     model's."""
-    max_context = env_tasks.cfg.max_context or engine.model.config.max_position_embeddings
-    return EpisodeLimits(env_tasks.cfg.max_turns, max_new_tokens, max_context)
+    max_context = env_tasks.max_context or engine.model.config.max_position_embeddings
+    return EpisodeLimits(env_tasks.max_turns, max_new_tokens, max_context)
 
 
 def tools_to_render(env_tasks: EnvTasks) -> list[dict] | None:
-    return env_tasks.tool_schemas if env_tasks.cfg.render_tools else None
+    return env_tasks.tool_schemas if env_tasks.render_tools else None
 
 
-def to_trajectory(tokenizer, env_tasks: EnvTasks, e: Episode, tools) -> Trajectory:
+def to_trajectory(
+    tokenizer, env_tasks: EnvTasks, e: Episode, tools, errors: RewardErrors
+) -> Trajectory:
     """An episode as the trainer's trajectory: completion = every id after the prompt, with its
-    loss mask; reward and its components from the scorer; counters as metrics."""
+    loss mask; reward and its components from the scorer; counters as metrics. A single turn
+    keeps the engine's completion as it is."""
     assert len(e.completion_ids) == len(e.loss_mask) == len(e.logprobs), "ragged episode"
-    last = next((m.content for m in reversed(e.state.messages) if m.role == "assistant"), "")
-    reward, components = env_tasks.scorer.score(e.rewards, last, e.task)
-    metrics = dict.fromkeys((*env_tasks.counters, *EPISODE_COUNTERS), 0.0)
-    metrics.update({k: float(v) for k, v in e.metrics.items()})
-    metrics["turns"] = float(e.num_turns)
-    metrics["token_mismatch"] = float(check_episode(tokenizer, e, tools) is not None)
-    completion = Completion(
-        token_ids=e.completion_ids,
-        logprobs=e.logprobs,
-        finish_reason=FINISH_REASONS[e.finish_reason],
-        text=tokenizer.decode(e.completion_ids, skip_special_tokens=False),
-        loss_mask=e.loss_mask,
-    )
+    last = next((m.content for m in reversed(e.messages) if m.role == "assistant"), "")
+    reward, components = env_tasks.scorer.score(e.rewards, last, e.task, e.metrics, errors)
+    if env_tasks.is_single_turn:
+        metrics = {k: float(v) for k, v in e.metrics.items() if k == "env_errors"}
+    else:
+        metrics = dict.fromkeys((*env_tasks.counters, *EPISODE_COUNTERS), 0.0)
+        metrics.update({k: float(v) for k, v in e.metrics.items()})
+        metrics["turns"] = float(e.num_turns)
+        metrics["token_mismatch"] = float(check_episode(tokenizer, e, tools) is not None)
+    if len(e.turns) == 1 and e.finish_reason == "done" and e.loss_mask == [1] * len(e.loss_mask):
+        completion = e.turns[0]  # one turn, nothing from the env after it
+    else:
+        completion = _episode_completion(tokenizer, e)
     return Trajectory(
         e.task,
         e.prompt_ids,
         completion,
         reward=reward,
-        is_correct=e.rewards.get("reward", 0.0) >= 1.0,
+        is_correct=components.get("env", e.reward) >= 1.0,
         rewards=components,
         metrics=metrics,
     )
 
 
+def _episode_completion(tokenizer, e: Episode) -> Completion:
+    ids, mask, logprobs = e.completion_ids, e.loss_mask, e.logprobs
+    if not ids:  # the env failed before the model spoke: one EOS, out of the loss
+        ids, mask, logprobs = eos_ids(tokenizer)[:1] or [0], [0], [0.0]
+    return Completion(
+        token_ids=ids,
+        logprobs=logprobs,
+        finish_reason=FINISH_REASONS[e.finish_reason],
+        text=tokenizer.decode(ids, skip_special_tokens=False),
+        loss_mask=mask,
+    )
+
+
 def episode_metrics(groups: list[Group]) -> dict[str, float]:
-    """How a step's episodes went (see the module docstring); {} for single-turn trajectories."""
-    trajs = [t for g in groups for t in g.trajectories if t.metrics]
+    """How a step's episodes went (see the module docstring) and the mean of each reward
+    component (`reward_<name>`); single-turn trajectories report their components alone."""
+    everything = [t for g in groups for t in g.trajectories]
+    out = {}
+    for k in sorted({k for t in everything for k in t.rewards}):
+        out[f"reward_{k}"] = sum(t.rewards.get(k, 0.0) for t in everything) / len(everything)
+    trajs = [t for t in everything if t.metrics]
     if not trajs:
-        return {}
+        return out
     n = len(trajs)
     keys = {k for t in trajs for k in t.metrics}
-    out = {SUMMED[k]: sum(t.metrics.get(k, 0.0) for t in trajs) for k in keys & SUMMED.keys()}
+    out |= {SUMMED[k]: sum(t.metrics.get(k, 0.0) for t in trajs) for k in keys & SUMMED.keys()}
     for k in keys & RATES.keys():
         out[RATES[k]] = sum(t.metrics.get(k, 0.0) > 0 for t in trajs) / n
     for k in keys & MEANS.keys():
         out[MEANS[k]] = sum(t.metrics.get(k, 0.0) for t in trajs) / n
-    components = {k for t in trajs for k in t.rewards}
-    for k in sorted(components):
-        out[f"reward_{k}"] = sum(t.rewards.get(k, 0.0) for t in trajs) / n
-    masks = [t.completion.loss_mask or [] for t in trajs]
-    out["assistant_tokens_per_episode"] = sum(sum(m) for m in masks) / n
+    if any(t.metrics.get("turns") for t in trajs):
+        masks = [t.completion.loss_mask or [] for t in trajs]
+        out["assistant_tokens_per_episode"] = sum(sum(m) for m in masks) / n
     return out
-
-
-def evaluate_episodes(
-    engine: Engine, tokenizer, env_tasks: EnvTasks, tasks: list[Task], params: SamplingParams
-) -> EvalResult:
-    """Held-out scoring of an env task: `params.n` episodes per task (greedy at temperature 0),
-    through the same code as training; pass@k and mean@n over the episodes' rewards, and how
-    the episodes went (`EvalResult.episode_metrics`)."""
-    groups = play(engine, tokenizer, env_tasks, tasks, params.n, params)
-    samples, rows = [], []
-    for group in groups:
-        samples.append([eval_sample(t, env_tasks.name) for t in group.trajectories])
-        rows += [
-            sample_row(t.task, t.completion, t.reward, env_tasks.name) for t in group.trajectories
-        ]
-    summary = summarize_eval(samples)
-    return EvalResult(
-        summary.metrics, summary.table, rows, len(tasks), params.n, episode_metrics(groups)
-    )
-
-
-def eval_sample(t: Trajectory, source: str) -> Sample:
-    """An episode as evaluation counts it: its training reward (a pass when at least 1: a right
-    answer, a won game), its length the ids the model generated (env replies excluded)."""
-    num_generated = sum(t.completion.loss_mask or [])
-    return Sample(t.reward, num_generated, t.completion.finish_reason, source)
 
 
 def tool_use_notes(run_dir: Path) -> list[str]:
