@@ -13,11 +13,12 @@ by its name.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from reinforge.config_base import Section
+from reinforge.config_data import DataRowsSection
 from reinforge.config_rewards import ScoredTask
 
 ParserName = Literal["hermes", "llama3_json", "mistral"]
@@ -202,7 +203,49 @@ class GameTaskConfig(EnvTaskConfig):
         return self
 
 
-ENV_TASK_CONFIGS = (ToolArithmeticTaskConfig, HtmlTaskConfig, SearchTaskConfig, GameTaskConfig)
+class UserEnvTaskConfig(EnvTaskConfig, DataRowsSection):
+    name: Literal["env"] = "env"
+    """Your own environment: a factory that returns an object speaking the Env protocol
+    (`reset(task) -> EnvState`, `step(state, assistant) -> StepResult`; docs/environments.md),
+    played over rows from your data or from a generator beside the factory."""
+    env: str = Field(min_length=1)
+    """The factory: "path/to/file.py:make_env", "package.module:make_env", or the name of an
+    installed entry point in the group "reinforge.envs". Called once with `env_args`."""
+    env_args: dict[str, Any] = {}
+    """Keyword arguments for the factory, e.g. {max_results = 5, corpus = "docs.jsonl"}."""
+    path: str | list[str] | None = None
+    """The task rows, read as `[task] name = "dataset"` reads them (files, folders, HF datasets,
+    generators; `columns.*`, splits and bad rows alike; rows need no answer: the env scores).
+    Unset: a generator `rows(seed)` in the factory's own file or module."""
+
+    @model_validator(mode="after")
+    def _rows_readable(self) -> UserEnvTaskConfig:
+        if self.path is not None:
+            from reinforge.data.spec import check_spec
+
+            check_spec(self.to_spec(require_answer=False))
+        return self
+
+    def rows_path(self) -> str | list[str]:
+        """`path`, or the `rows` generator beside the factory."""
+        if self.path is not None:
+            return self.path
+        module, _, _ = self.env.rpartition(":")
+        if not module:
+            raise ValueError(
+                f"task.env = {self.env!r} is an entry point: set task.path to the rows to play, "
+                'e.g. task.path = "tasks.jsonl"'
+            )
+        return f"{module}:rows"
+
+
+ENV_TASK_CONFIGS = (
+    ToolArithmeticTaskConfig,
+    HtmlTaskConfig,
+    SearchTaskConfig,
+    GameTaskConfig,
+    UserEnvTaskConfig,
+)
 
 
 def is_env_task(task_cfg: object) -> bool:

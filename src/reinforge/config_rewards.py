@@ -21,6 +21,10 @@ class RewardWeight(Section):
     "module:function" or "path/to/file.py:function"."""
     weight: float = 1.0
     """Its weight in the training reward (0 logs it without training on it)."""
+    function: str | None = None
+    """Where the component's function is, when `name` is only its label: a built-in reward
+    name or "module:function" / "path/to/file.py:function", e.g. {name = "reflection",
+    function = "my_rewards.py:reflection"} logs `reward_reflection`."""
 
 
 class ScoredTask(Section):

@@ -17,6 +17,7 @@ from reinforge.config_envs import (
     HtmlTaskConfig,
     SearchTaskConfig,
     ToolArithmeticTaskConfig,
+    UserEnvTaskConfig,
 )
 from reinforge.config_rewards import ScoredTask
 
@@ -90,6 +91,7 @@ TaskConfig = Annotated[
     | ToolArithmeticTaskConfig
     | HtmlTaskConfig
     | SearchTaskConfig
-    | GameTaskConfig,
+    | GameTaskConfig
+    | UserEnvTaskConfig,
     Field(discriminator="name"),
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from reinforge.engine.base import Engine
-from reinforge.envs.sources import ENV_REWARD, single_turn_tasks
+from reinforge.envs.env_tasks import ENV_REWARD, single_turn_tasks
 from reinforge.eval_metrics import Sample, summarize_eval
 from reinforge.faults import RewardErrors
 from reinforge.rollout.sampling import sampling_params

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from reinforge.data.chat import render_ids
 from reinforge.engine.base import Engine, SamplingParams
-from reinforge.envs.base import Env, EnvState
+from reinforge.envs.base import Env, EnvState, StepResult
 from reinforge.types import Completion, Message, Task
 
 
@@ -221,6 +221,8 @@ def _step_env(tokenizer, env: Env, e: Episode, tools, turn: int) -> None:
         e.metrics["turn_truncated"] += 1
     try:
         result = env.step(e.state, assistant)
+        if not isinstance(result, StepResult):
+            raise TypeError(f"step() returned {type(result).__name__}, not a StepResult")
     except Exception as error:  # the env's (or its tool's, or its parser's) failure
         _fail(e, error, "step")
         return

@@ -30,7 +30,7 @@ import torch
 from reinforge import faults
 from reinforge.algorithms.dapo import filter_zero_variance_groups
 from reinforge.distributed import full_weights, is_launched, is_main, link_group, share
-from reinforge.envs.sources import EnvTasks, single_turn_tasks
+from reinforge.envs.env_tasks import EnvTasks, single_turn_tasks
 from reinforge.rollout.sampling import rollout_sampling
 from reinforge.rollout.trajectories import play
 from reinforge.types import Group

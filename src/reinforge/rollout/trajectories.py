@@ -17,11 +17,13 @@ token-out mismatches, win / draw / loss rates, and each reward component.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from reinforge.data.chat import eos_ids
 from reinforge.engine.base import Engine, SamplingParams
-from reinforge.envs.sources import EnvTasks
+from reinforge.envs.env_tasks import EnvTasks
+from reinforge.errors import RunFailure
 from reinforge.faults import RewardErrors
 from reinforge.metrics import read_metrics
 from reinforge.rollout.episodes import Episode, EpisodeLimits, check_episode, run_episodes
@@ -60,6 +62,9 @@ RATES = {
     "forfeit": "forfeit_rate",
 }
 MEANS = {"turns": "turns_per_episode", "tool_calls": "tool_calls_per_episode"}
+# Counters kept on trajectories but not logged (how episodes ended is in the rates above); any
+# other counter an env reports (a user env's `counters`) is logged summed, under its own name.
+UNLOGGED = {"finish_done", "finish_max_turns", "max_turns_reached"}
 
 
 def play(
@@ -86,11 +91,34 @@ def play(
         limits,
         render_tools=tools is not None,
     )
+    check_env_errors(env_tasks.name, [e for g in episode_groups for e in g])
     errors = errors if errors is not None else RewardErrors()
     return [
         Group(task, [to_trajectory(tokenizer, env_tasks, e, tools, errors) for e in episodes])
         for task, episodes in zip(tasks, episode_groups)
     ]
+
+
+_said_env_error = False
+
+
+def check_env_errors(name: str, episodes: list[Episode]) -> None:
+    """An env that failed every episode is a bug to stop on; one that failed some is said once
+    (they are counted per step as `env_errors`)."""
+    global _said_env_error
+    failed = [e for e in episodes if e.error is not None]
+    if failed and len(failed) == len(episodes):
+        raise RunFailure(
+            f"the env of task {name!r} failed all {len(episodes)} episodes; the first: "
+            f"{failed[0].error}. Fix the env (an exception in reset or step fails its episode)"
+        )
+    if failed and not _said_env_error:
+        _said_env_error = True
+        print(
+            f"warning: the env of task {name!r} failed an episode ({failed[0].error}); such "
+            "episodes score 0, stay out of the loss and are counted in env_errors",
+            file=sys.stderr,
+        )
 
 
 def episode_limits(env_tasks: EnvTasks, max_new_tokens: int, engine) -> EpisodeLimits:
@@ -165,6 +193,8 @@ def episode_metrics(groups: list[Group]) -> dict[str, float]:
         out[RATES[k]] = sum(t.metrics.get(k, 0.0) > 0 for t in trajs) / n
     for k in keys & MEANS.keys():
         out[MEANS[k]] = sum(t.metrics.get(k, 0.0) for t in trajs) / n
+    for k in keys - SUMMED.keys() - RATES.keys() - MEANS.keys() - UNLOGGED:  # an env's own
+        out[k] = sum(t.metrics.get(k, 0.0) for t in trajs)
     if any(t.metrics.get("turns") for t in trajs):
         masks = [t.completion.loss_mask or [] for t in trajs]
         out["assistant_tokens_per_episode"] = sum(sum(m) for m in masks) / n

@@ -10,7 +10,7 @@ on the very ids RL will later see, with the env's tokens out of the loss.
 from __future__ import annotations
 
 from reinforge.data.chat import eos_ids
-from reinforge.envs.sources import EnvTasks
+from reinforge.envs.env_tasks import EnvTasks
 from reinforge.errors import ConfigError
 from reinforge.rollout.episodes import environment_delta, render
 from reinforge.rollout.trajectories import tools_to_render

@@ -14,7 +14,7 @@ import torch
 
 from reinforge import watchdog
 from reinforge.distributed import rank, world_size
-from reinforge.envs.sources import single_turn_tasks
+from reinforge.envs.env_tasks import single_turn_tasks
 from reinforge.rollout.sources import Rollout, generator_rank, receive_weights, sample_groups
 from reinforge.run import RunContext, Summary
 from reinforge.tasks import task_source_for

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from reinforge.config_envs import is_env_task
 from reinforge.distributed import env_local_world_size, env_train_size
-from reinforge.envs.sources import EnvTasks
+from reinforge.envs.env_tasks import EnvTasks
 from reinforge.errors import ConfigError
 from reinforge.train.planner import (
     GOOD_MICRO_TOKENS,

@@ -24,7 +24,7 @@ from reinforge.distributed import (
     is_main,
     reduce_metrics,
 )
-from reinforge.envs.sources import EnvTasks, single_turn_tasks
+from reinforge.envs.env_tasks import EnvTasks, single_turn_tasks
 from reinforge.eval import logged_metrics
 from reinforge.metrics import console, format_line, plot_curves
 from reinforge.rollout.sources import LocalRollouts, RemoteRollouts, rollout_source

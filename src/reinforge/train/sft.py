@@ -23,7 +23,7 @@ from reinforge.distributed import (
     loss_scale,
     sum_over_ranks,
 )
-from reinforge.envs.sources import EnvTasks
+from reinforge.envs.env_tasks import EnvTasks
 from reinforge.train.forward import completion_rows, micro_batches
 from reinforge.types import Message, Task
 
