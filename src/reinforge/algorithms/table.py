@@ -167,8 +167,10 @@ PRESETS: dict[str, Preset] = {
     # REINFORCE++ as first published (Hu et al. 2025, arXiv:2501.03262, v1): no baseline, the
     # reward on the last token, a k1 KL penalty on every token's reward, discounted returns
     # (gamma = 1), whitened over every token of the batch; PPO clip 0.2. verl's
-    # reinforce_plus_plus estimator computes the same (its example uses kl_coef 1e-3 in the
-    # reward, token_mean); beta = 1e-3 is that example's, UNVERIFIED against the paper.
+    # reinforce_plus_plus estimator computes the same; its example
+    # (examples/reinforce_plus_plus_trainer) puts a k1 KL in the reward at verl's default
+    # kl_ctrl.kl_coef 1e-3 with token-mean aggregation. beta = 1e-3 is that, UNVERIFIED against
+    # the paper.
     "reinforce_pp_token": {
         "advantage": "reinforce_pp_token", "scale_rewards": "batch", "loss": "ppo_clip",
         "clip_low": 0.2, "clip_high": 0.2, "dual_clip_c": None,
