@@ -7,8 +7,9 @@ micro-batching. Metrics follow the same rule (token means over the step's tokens
 sums them over micro-batches too.
 
 Every loss builds a per-token loss [B, T], then `_finish` applies what all of them share: the
-truncated importance-sampling weight for rollout/trainer mismatch (`mismatch.py`), the KL-to-
-reference loss term, the entropy bonus, and the aggregation.
+rollout/trainer mismatch weight (truncated or masked importance sampling, `mismatch.py`), the
+KL-to-reference loss term (optionally importance-corrected), the entropy bonus, and the
+aggregation.
 """
 
 from __future__ import annotations

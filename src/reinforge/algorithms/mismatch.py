@@ -82,15 +82,6 @@ def mismatch_kl(
 
 
 @torch.no_grad()
-def tis_weights(
-    old_logprobs_BT: torch.Tensor, sampler_logprobs_BT: torch.Tensor, cap: float
-) -> torch.Tensor:
-    """w_t = min(exp(logp_trainer_old - logp_sampler), cap), detached: a correction factor on the
-    data, never a path for gradient."""
-    return torch.exp(old_logprobs_BT.detach() - sampler_logprobs_BT).clamp(max=cap)
-
-
-@torch.no_grad()
 def importance_ratios(
     old_logprobs_BT: torch.Tensor,
     sampler_logprobs_BT: torch.Tensor,
