@@ -17,7 +17,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from reinforge.config_algorithm import AlgorithmSection, preset_values
+from reinforge.config_algorithm import AlgorithmBase, AlgorithmSection, GRPOAlgorithm, preset_values
 from reinforge.config_base import Section
 from reinforge.config_envs import is_env_task
 from reinforge.config_load import (
@@ -37,6 +37,7 @@ from reinforge.config_tasks import (
 
 __all__ = [
     "ROOTS",
+    "AlgorithmBase",
     "AlgorithmSection",
     "ArithmeticTaskConfig",
     "CheckpointSection",
@@ -321,7 +322,7 @@ class TrainConfig(Section):
     task: TaskConfig = ArithmeticTaskConfig()
     sft: SFTSection = SFTSection()
     rollout: RolloutSection = RolloutSection()
-    algorithm: AlgorithmSection = AlgorithmSection()
+    algorithm: AlgorithmSection = GRPOAlgorithm()
     optim: OptimSection = OptimSection()
     train: TrainSection = TrainSection()
     eval: EvalSection = EvalSection()

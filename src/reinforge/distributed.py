@@ -233,11 +233,14 @@ def gather_rows(rows: torch.Tensor) -> torch.Tensor:
 
 
 def reduce_metrics(
-    metrics: dict[str, float], summed: set[str] = frozenset(), maxed: set[str] = frozenset()
+    metrics: dict[str, float],
+    summed: set[str] = frozenset(),
+    maxed: set[str] = frozenset(),
+    minned: set[str] = frozenset(),
 ) -> dict[str, float]:
     """One dict for the step from every rank's: keys in `summed` add up (counts, and the loss
     terms already divided by global counts), keys in `maxed` take the largest (wall times, peak
-    memory), the rest are means (the ranks hold equal numbers of groups, so a mean of per-rank
+    memory), keys in `minned` the smallest, the rest are means (the ranks hold equal numbers of groups, so a mean of per-rank
     means is the mean over all trajectories). A key some ranks lack is reduced over the others."""
     if not is_distributed():
         return metrics
@@ -251,6 +254,8 @@ def reduce_metrics(
             out[key] = sum(values)
         elif key in maxed:
             out[key] = max(values)
+        elif key in minned:
+            out[key] = min(values)
         else:
             out[key] = sum(values) / len(values)
     return out

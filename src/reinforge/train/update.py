@@ -49,11 +49,29 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
         for i, idx in enumerate(batches):
             before(last=i == len(batches) - 1)
             for key, value in micro_step(cfg, learner, batch, idx).items():
-                totals[key] = totals.get(key, 0.0) + float(value)
+                totals[key] = combine(key, totals.get(key), float(value))
     # each rank's terms are divided by the global counts: over the ranks they add up
-    totals = reduce_metrics(totals, summed=set(totals))
+    extremes = {k for k in totals if k.endswith(("_min", "_max"))}
+    totals = reduce_metrics(
+        totals,
+        summed=set(totals) - extremes,
+        maxed={k for k in extremes if k.endswith("_max")},
+        minned={k for k in extremes if k.endswith("_min")},
+    )
     totals.update(optimizer_step(cfg, learner))
     return totals
+
+
+def combine(key: str, total: float | None, value: float) -> float:
+    """A metric over micro-batches: extremes (`*_min`, `*_max`) by min and max, the rest (terms
+    already divided by the step's counts) by sum."""
+    if total is None:
+        return value
+    if key.endswith("_min"):
+        return min(total, value)
+    if key.endswith("_max"):
+        return max(total, value)
+    return total + value
 
 
 def micro_step(
