@@ -81,7 +81,8 @@ class Sandbox:
         if not sys.platform.startswith("linux"):
             self.backend = _unconfined(backend, allow_uncontained)
             self.uncontained = {
-                "everything": "the program runs as you, with only time and output limits"
+                "everything": "run as you (your files, network and processes): on "
+                f"{sys.platform} only the time and output limits hold"
             }
         else:
             self.backend = self._resolve(backend)
@@ -98,6 +99,8 @@ class Sandbox:
         if not self.uncontained:
             return None
         who = "as root" if self.is_root else "without root (it cannot change uid)"
+        if self.backend == "unconfined":
+            who = "(sandbox.allow_uncontained = true)"
         gaps = "; ".join(self.uncontained.values())
         return f"sandbox.backend = {self.backend!r} {who} lets model-written code {gaps}"
 
@@ -176,6 +179,20 @@ def _unconfined(backend: str, allow: bool) -> str:
             "sandbox.allow_uncontained = true to run it anyway"
         )
     return "unconfined"
+
+
+def sandbox_from_config(section) -> Sandbox:
+    """The Sandbox of a `[task.sandbox]` section (config_envs.SandboxSection)."""
+    limits = SandboxLimits(
+        cpu_seconds=section.cpu_seconds,
+        wall_seconds=section.wall_seconds,
+        memory_mb=section.memory_mb,
+        max_output_bytes=section.max_output_bytes,
+        max_file_mb=section.max_file_mb,
+        max_disk_mb=section.max_disk_mb,
+        max_processes=section.max_processes,
+    )
+    return Sandbox(section.backend, limits, section.allow_uncontained)
 
 
 def make_python_tool(sandbox: Sandbox | None = None) -> Callable[[str], ToolOutput]:

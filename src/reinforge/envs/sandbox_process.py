@@ -183,9 +183,7 @@ class _Watch:
                 if fd is not None:
                     selector.register(fd, selectors.EVENT_READ)
             next_poll = time.monotonic()
-            while reason is None and len(selector.get_map()) > (
-                self.status_fd in selector.get_map()
-            ):
+            while reason is None and len(selector.get_map()) > self._num_status(selector):
                 now = time.monotonic()
                 if now >= self.deadline():
                     reason = "wall"
@@ -219,6 +217,9 @@ class _Watch:
             except subprocess.TimeoutExpired:  # closed its pipes but kept running
                 reason = "wall"
         return bytes(buffers[out_fd]), bytes(buffers[err_fd]), truncated, reason
+
+    def _num_status(self, selector: selectors.BaseSelector) -> int:
+        return int(self.status_fd is not None and self.status_fd in selector.get_map())
 
     def on_status(self, chunk: bytes) -> None:
         self.started = time.monotonic()
