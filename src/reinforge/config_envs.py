@@ -68,7 +68,7 @@ class SandboxSection(Section):
     """Wall-clock limit of one tool call, from the program's start (every process it started is
     killed)."""
     memory_mb: int = Field(512, gt=0)
-    """Memory of one tool call: all its processes together (PSS, polled every 0.05 s), and the
+    """Memory of one tool call: all its processes together (PSS, polled every 0.1 s), and the
     address space of each, in MB."""
     max_output_bytes: int = Field(16_384, gt=0)
     """stdout + stderr kept; past it the program is stopped."""

@@ -76,8 +76,10 @@ def _launch_program(spec: dict, status: dict) -> None:
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() != spec["launcher_pid"]:  # the launcher died before the line above
             os._exit(137)
-    os.makedirs(spec["workdir"], mode=0o700, exist_ok=True)
-    os.chdir(spec["workdir"])
+    workdir = spec["private_workdir"] if status["namespaces"] else spec["workdir"]
+    os.makedirs(workdir, mode=0o700, exist_ok=True)
+    os.chdir(workdir)
+    os.environ["HOME"] = os.environ["TMPDIR"] = workdir
     code = os.pread(spec["code_fd"], spec["code_bytes"], 0)
     os.close(spec["code_fd"])
     with open("main.py", "wb") as f:

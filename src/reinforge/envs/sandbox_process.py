@@ -106,7 +106,8 @@ def run_program(
         "status_fd": status_w,
         "code_fd": code_fd,
         "code_bytes": os.fstat(code_fd).st_size,
-        "workdir": in_tmp if is_bwrap or uid is not None else workdir,
+        "workdir": in_tmp if is_bwrap else workdir,
+        "private_workdir": in_tmp,  # used where the launcher made private mounts
         "parent_pid": None if is_bwrap else os.getpid(),  # bwrap has --die-with-parent
         "argv": [sandbox.python, "-I", "-B", "-u", "main.py"],
     }
@@ -124,7 +125,7 @@ def run_program(
         pass_fds=(status_w, code_fd),
     )
     os.close(status_w)
-    watch = _Watch(proc, limits, status_r, None if is_bwrap or uid is not None else workdir)
+    watch = _Watch(proc, limits, status_r, None if is_bwrap else workdir)
     try:
         stdout, stderr, truncated, reason = watch.collect()
     finally:
@@ -229,7 +230,11 @@ class _Watch:
         if memory_bytes(descendants(self.proc.pid)) > self.limits.memory_mb * _MIB:
             return "memory"
         disk = self.limits.max_disk_mb * _MIB
-        if self.host_workdir is not None and tree_bytes(self.host_workdir, disk) > disk:
+        if (
+            self.host_workdir is not None
+            and not self.status.get("namespaces")  # else a size-capped tmpfs holds it
+            and tree_bytes(self.host_workdir, disk) > disk
+        ):
             return "disk"
         return None
 
