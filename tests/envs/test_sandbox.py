@@ -252,3 +252,12 @@ def test_config_mistakes_are_config_errors():
         Sandbox("docker")
     with pytest.raises(ConfigError, match="cpu_seconds=0"):
         SandboxLimits(cpu_seconds=0)
+
+
+def test_the_config_section_builds_the_sandbox():
+    from reinforge.config_envs import SandboxSection
+    from reinforge.envs.sandbox import sandbox_from_config
+
+    section = SandboxSection(backend="rlimit", memory_mb=300, max_disk_mb=7)
+    box = sandbox_from_config(section)
+    assert (box.backend, box.limits.memory_mb, box.limits.max_disk_mb) == ("rlimit", 300, 7)

@@ -1,4 +1,4 @@
-"""test_sandbox_attacks.py again, as an ordinary user: CI runs as root, and the sandbox's worst
+"""test_sandbox_attacks.py (and test_sandbox.py's older attacks) again, as an ordinary user: CI runs as root, and the sandbox's worst
 gaps were found without root. As root this test makes a system user and runs that file as it
 (`runuser`) in a private mount namespace where the interpreter is reachable (pyenv under /root,
 0700, is covered with an empty tmpfs and bound back, for this process tree only). It skips,
@@ -21,6 +21,14 @@ from reinforge.envs.sandbox_isolation import _python_dirs
 
 USER = "reinforge-sandbox-test"
 REPO = Path(__file__).resolve().parents[2]
+# attacks that held before issue 24, in test_sandbox.py: again as the ordinary user
+REGRESSIONS = (
+    "test_network_is_unreachable_when_isolated",
+    "test_parent_secrets_are_not_visible",
+    "test_huge_output_is_truncated_and_stopped",
+    "test_fork_bomb_is_limited_and_every_child_dies",
+    "test_writes_outside_the_workdir_do_not_land",
+)
 
 
 def _ensure_user() -> None:
@@ -65,8 +73,9 @@ def test_attacks_as_an_unprivileged_user(tmp_path):
         if shutil.which(tool) is None:
             pytest.skip(f"`{tool}` is not on PATH: cannot run the attacks as another user")
     _ensure_user()
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs"]
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest", "-rs"]
     argv += [str(REPO / "tests" / "envs" / "test_sandbox_attacks.py")]
+    argv += [f"{REPO / 'tests' / 'envs' / 'test_sandbox.py'}::{name}" for name in REGRESSIONS]
     env = f"env PYTHONPATH={shlex.quote(str(REPO / 'src'))} PYTHONDONTWRITEBYTECODE=1 HOME=/nonexistent"
     script = [
         *_expose_interpreter(tmp_path),
