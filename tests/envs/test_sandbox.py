@@ -235,6 +235,10 @@ def test_off_linux_the_tool_refuses_unless_the_user_opts_in(monkeypatch):
     assert box.run("print(6 * 7)").stdout == "42\n"
     slow = box.run("import time\ntime.sleep(30)")
     assert slow.killed_reason == "wall"
+    flood = Sandbox("auto", SandboxLimits(max_output_bytes=1000), allow_uncontained=True)
+    result = flood.run("while True:\n    print('y' * 100)")
+    assert (result.killed_reason, result.truncated) == ("output", True)
+    assert len(result.stdout) == 1000
 
 
 def test_wall_clock_starts_with_the_program_not_in_the_queue(sandbox):

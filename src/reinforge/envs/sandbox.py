@@ -46,8 +46,8 @@ from reinforge.envs.sandbox_process import (
     kill_uid,
     remove_tree,
     run_program,
-    run_unconfined,
 )
+from reinforge.envs.sandbox_unconfined import run_unconfined
 from reinforge.envs.tools import ToolOutput
 from reinforge.errors import ConfigError
 

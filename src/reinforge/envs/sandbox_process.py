@@ -120,7 +120,7 @@ def run_program(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=workdir,
-        env=_clean_env(in_tmp if is_bwrap else workdir, sandbox.python),
+        env=clean_env(in_tmp if is_bwrap else workdir, sandbox.python),
         start_new_session=True,  # its own process group, so one killpg reaches its children
         pass_fds=(status_w, code_fd),
     )
@@ -158,14 +158,11 @@ def run_program(
 class _Watch:
     """Reads one run's pipes until they close, a limit is hit or the deadline passes."""
 
-    def __init__(
-        self, proc, limits: SandboxLimits, status_fd: int | None, host_workdir: str | None
-    ):
+    def __init__(self, proc, limits: SandboxLimits, status_fd: int, host_workdir: str | None):
         self.proc, self.limits, self.status_fd = proc, limits, status_fd
         self.host_workdir = host_workdir
         self.spawned = time.monotonic()
-        # when the launcher handed over to the program; without a launcher, at once
-        self.started: float | None = None if status_fd is not None else self.spawned
+        self.started: float | None = None  # when the launcher handed over to the program
         self.status: dict = {}
 
     def deadline(self) -> float:
@@ -181,8 +178,7 @@ class _Watch:
         num_bytes, exited_at, reason, truncated = 0, None, None, False
         with selectors.DefaultSelector() as selector:
             for fd in (out_fd, err_fd, self.status_fd):
-                if fd is not None:
-                    selector.register(fd, selectors.EVENT_READ)
+                selector.register(fd, selectors.EVENT_READ)
             next_poll = time.monotonic()
             while reason is None and len(selector.get_map()) > self._num_status(selector):
                 now = time.monotonic()
@@ -193,7 +189,7 @@ class _Watch:
                     exited_at = now
                 if exited_at is not None and now - exited_at > _DRAIN_SECONDS:
                     break  # a background child holds the pipes open; it dies with the tree
-                if now >= next_poll and exited_at is None and self.status_fd is not None:
+                if now >= next_poll and exited_at is None:
                     reason, next_poll = self.over_limit(), now + POLL_SECONDS
                     if reason is not None:
                         break
@@ -220,7 +216,7 @@ class _Watch:
         return bytes(buffers[out_fd]), bytes(buffers[err_fd]), truncated, reason
 
     def _num_status(self, selector: selectors.BaseSelector) -> int:
-        return int(self.status_fd is not None and self.status_fd in selector.get_map())
+        return int(self.status_fd in selector.get_map())
 
     def on_status(self, chunk: bytes) -> None:
         self.started = time.monotonic()
@@ -237,42 +233,6 @@ class _Watch:
         ):
             return "disk"
         return None
-
-
-def run_unconfined(sandbox: Sandbox, workdir: str) -> SandboxResult:
-    """macOS and Windows, where the user opted in: the program runs as the user, with a clean
-    environment, the wall and output caps and nothing else (the refusal said so)."""
-    proc = subprocess.Popen(
-        [sandbox.python, "-I", "-B", "-u", "main.py"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=workdir,
-        env={**_clean_env(workdir, sandbox.python), "SYSTEMROOT": os.environ.get("SYSTEMROOT", "")},
-        start_new_session=os.name == "posix",
-    )
-    watch = _Watch(proc, sandbox.limits, None, None)
-    try:
-        stdout, stderr, truncated, reason = watch.collect()
-    finally:
-        if os.name == "posix":
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-        proc.kill()
-        proc.wait()
-    out, err = (b.decode("utf-8", errors="replace") for b in (stdout, stderr))
-    return SandboxResult(
-        stdout=out,
-        stderr=err,
-        exit_code=proc.returncode,
-        timed_out=reason == "wall",
-        killed_reason=reason,
-        truncated=truncated,
-        seconds=time.monotonic() - watch.spawned,
-        backend="unconfined",
-        network_isolated=False,
-        filesystem="host",
-    )
 
 
 def _killed_reason(exit_code: int, stderr: str) -> str | None:
@@ -321,7 +281,7 @@ def _count_user_tasks(uid: int) -> int:
     return count
 
 
-def _clean_env(workdir: str, python: str) -> dict[str, str]:
+def clean_env(workdir: str, python: str) -> dict[str, str]:
     env = {
         "PATH": f"{os.path.dirname(python)}:/usr/local/bin:/usr/bin:/bin",
         "HOME": workdir,
