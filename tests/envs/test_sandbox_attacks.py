@@ -292,3 +292,22 @@ print("stored")
     result = box.run(code)
     assert "stored" not in result.stdout, result
     assert result.killed_reason == "disk", result
+
+
+def test_disk_is_capped_with_a_bubblewrap_older_than_0_7(box):
+    """bubblewrap < 0.7 (Ubuntu 22.04 has 0.6) cannot size a tmpfs: the sizes of the sandbox's
+    /tmp and /dev/shm are polled instead, here with this bwrap told not to use --size."""
+    if box.backend != "bwrap":
+        pytest.skip("bwrap only")
+    old = Sandbox("bwrap", LIMITS)
+    old.bwrap_sizes_tmpfs = False
+    code = """
+import time
+for i in range(6):  # 6 x 1.5 MB into /dev/shm and the work dir: over max_disk_mb = 6
+    open(f"/dev/shm/f{i}" if i % 2 else f"f{i}", "wb").write(b"x" * (3 << 19))
+time.sleep(2)
+print("stored")
+"""
+    result = old.run(code)
+    assert result.killed_reason == "disk", result
+    assert "stored" not in result.stdout

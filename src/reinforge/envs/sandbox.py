@@ -39,7 +39,7 @@ import sys
 import tempfile
 from collections.abc import Callable
 
-from reinforge.envs.sandbox_isolation import uncontained
+from reinforge.envs.sandbox_isolation import bwrap_has_size, uncontained
 from reinforge.envs.sandbox_process import (
     SandboxLimits,
     SandboxResult,
@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "bwrap", "rlimit")
 _checked: dict[tuple, SandboxResult] = {}  # (backend, bwrap, python, root) -> the probe's result
+_has_size: dict[str, bool] = {}  # bwrap path -> whether it has --size (bubblewrap >= 0.7)
 _notes: list[str] = []  # what the sandboxes built in this process leave open, for the summary
 
 
@@ -78,6 +79,7 @@ class Sandbox:
         self.python = sys.executable
         self.is_root = os.name == "posix" and os.geteuid() == 0
         self.bwrap = shutil.which("bwrap")
+        self.bwrap_sizes_tmpfs = self.bwrap is not None and _bwrap_has_size(self.bwrap)
         if not sys.platform.startswith("linux"):
             self.backend = _unconfined(backend, allow_uncontained)
             self.uncontained = {
@@ -167,6 +169,12 @@ class Sandbox:
             _checked[key] = self._run_as(backend, "")
         result = _checked[key]
         return None if result.ok else (result.stderr.strip() or str(result))
+
+
+def _bwrap_has_size(bwrap: str) -> bool:
+    if bwrap not in _has_size:
+        _has_size[bwrap] = bwrap_has_size(bwrap)
+    return _has_size[bwrap]
 
 
 def _unconfined(backend: str, allow: bool) -> str:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import sys
 
 _ETC_PATHS = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives")
@@ -69,7 +70,17 @@ def uncontained(backend: str, is_root: bool, status: dict | None = None) -> dict
 # ----------------------------------------------------------------------------- bwrap
 
 
-def bwrap_prefix(bwrap: str | None, python: str, is_root: bool, disk_bytes: int) -> list[str]:
+def bwrap_has_size(bwrap: str) -> bool:
+    """bubblewrap >= 0.7 sizes a tmpfs (`--size`); older ones (Ubuntu 22.04 has 0.6) do not,
+    and the sandbox polls the size of /tmp and /dev/shm instead."""
+    out = subprocess.run([bwrap, "--help"], capture_output=True, text=True, check=False)
+    return "--size" in out.stdout + out.stderr
+
+
+def bwrap_prefix(
+    bwrap: str | None, python: str, is_root: bool, disk_bytes: int | None
+) -> list[str]:
+    """`disk_bytes` None: the tmpfs mounts get no size (polled instead)."""
     argv = [bwrap or "bwrap", "--die-with-parent", "--new-session"]
     if is_root:  # no user namespace, so the launcher can drop to a fresh uid (docstring)
         argv += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
@@ -78,11 +89,13 @@ def bwrap_prefix(bwrap: str | None, python: str, is_root: bool, disk_bytes: int)
         argv += ["--unshare-all"]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     for path, size, mode in (
-        ("/tmp", disk_bytes, "1777"),
+        ("/tmp", disk_bytes, "1777"),  # the work dir
         ("/dev/shm", disk_bytes, "1777"),
         ("/run", _RUN_TMPFS, "0755"),
     ):
-        argv += ["--size", str(size), "--perms", mode, "--tmpfs", path]
+        if disk_bytes is not None:
+            argv += ["--size", str(size)]
+        argv += ["--perms", mode, "--tmpfs", path]
     made = {"/", "/proc", "/dev", "/tmp", "/dev/shm", "/run"}
     bound: list[str] = []
     argv += _bwrap_mount("--ro-bind", "/usr", made, bound)

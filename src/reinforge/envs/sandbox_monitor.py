@@ -74,6 +74,17 @@ def tree_bytes(path: str, limit: int) -> int:
     return total
 
 
+def tmpfs_bytes(pid: int, mounts: tuple[str, ...]) -> int:
+    """Bytes used in these (separate) mounts as process `pid` sees them: its mount namespace,
+    through /proc/<pid>/root."""
+    used = 0
+    for mount in mounts:
+        with contextlib.suppress(OSError):  # gone, or not ours to look into
+            st = os.statvfs(f"/proc/{pid}/root/{mount}")
+            used += (st.f_blocks - st.f_bfree) * st.f_frsize
+    return used
+
+
 def kill_tree(root: int) -> None:
     """SIGKILL `root`, its process group and everything below it."""
     pids = [root, *descendants(root)]

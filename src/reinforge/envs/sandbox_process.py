@@ -34,6 +34,7 @@ from reinforge.envs.sandbox_monitor import (
     descendants,
     kill_tree,
     memory_bytes,
+    tmpfs_bytes,
     tree_bytes,
 )
 from reinforge.errors import ConfigError
@@ -113,7 +114,8 @@ def run_program(
     }
     argv = [sandbox.python, "-I", "-S", "-c", LAUNCHER]
     if is_bwrap:
-        argv = [*bwrap_prefix(sandbox.bwrap, sandbox.python, sandbox.is_root, disk_bytes), *argv]
+        sized = disk_bytes if sandbox.bwrap_sizes_tmpfs else None
+        argv = [*bwrap_prefix(sandbox.bwrap, sandbox.python, sandbox.is_root, sized), *argv]
     proc = subprocess.Popen(
         [*argv, json.dumps(spec)],
         stdin=subprocess.DEVNULL,
@@ -126,6 +128,7 @@ def run_program(
     )
     os.close(status_w)
     watch = _Watch(proc, limits, status_r, None if is_bwrap else workdir)
+    watch.poll_tmpfs = is_bwrap and not sandbox.bwrap_sizes_tmpfs
     try:
         stdout, stderr, truncated, reason = watch.collect()
     finally:
@@ -163,6 +166,7 @@ class _Watch:
         self.host_workdir = host_workdir
         self.spawned = time.monotonic()
         self.started: float | None = None  # when the launcher handed over to the program
+        self.poll_tmpfs = False  # bwrap without --size: measure /tmp and /dev/shm inside
         self.status: dict = {}
 
     def deadline(self) -> float:
@@ -223,9 +227,12 @@ class _Watch:
         self.status = json.loads(chunk) if chunk else {}  # EOF: the launcher died first
 
     def over_limit(self) -> str | None:
-        if memory_bytes(descendants(self.proc.pid)) > self.limits.memory_mb * _MIB:
+        pids = descendants(self.proc.pid)
+        if memory_bytes(pids) > self.limits.memory_mb * _MIB:
             return "memory"
         disk = self.limits.max_disk_mb * _MIB
+        if self.poll_tmpfs and pids and tmpfs_bytes(pids[0], ("tmp", "dev/shm")) > disk:
+            return "disk"
         if (
             self.host_workdir is not None
             and not self.status.get("namespaces")  # else a size-capped tmpfs holds it
