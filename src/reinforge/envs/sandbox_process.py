@@ -95,23 +95,8 @@ def run_program(
     status_r, status_w = os.pipe()
     in_tmp = "/tmp/" + os.path.basename(workdir)  # under the private /tmp, where there is one
     disk_bytes = limits.max_disk_mb * _MIB
-    spec = {
-        "network_isolated": is_bwrap,
-        "unshare_net": not is_bwrap,
-        "mounts": private_mounts_spec(sandbox.python, disk_bytes)
-        if uid is not None and not is_bwrap
-        else None,
-        "fork": not is_bwrap,
-        "rlimits": _rlimits(limits, uid),
-        "uid": uid,
-        "status_fd": status_w,
-        "code_fd": code_fd,
-        "code_bytes": os.fstat(code_fd).st_size,
-        "workdir": in_tmp if is_bwrap else workdir,
-        "private_workdir": in_tmp,  # used where the launcher made private mounts
-        "parent_pid": None if is_bwrap else os.getpid(),  # bwrap has --die-with-parent
-        "argv": [sandbox.python, "-I", "-B", "-u", "main.py"],
-    }
+    spec = _launch_spec(sandbox, is_bwrap, uid, workdir, in_tmp)
+    spec.update(status_fd=status_w, code_fd=code_fd, code_bytes=os.fstat(code_fd).st_size)
     argv = [sandbox.python, "-I", "-S", "-c", LAUNCHER]
     if is_bwrap:
         sized = disk_bytes if sandbox.bwrap_sizes_tmpfs else None
@@ -156,6 +141,27 @@ def run_program(
         filesystem="isolated" if is_bwrap else "private" if private else "host",
         status=status,
     )
+
+
+def _launch_spec(
+    sandbox: Sandbox, is_bwrap: bool, uid: int | None, workdir: str, in_tmp: str
+) -> dict:
+    """What the launcher does (envs/sandbox_launcher.py), less the file descriptors."""
+    disk_bytes = sandbox.limits.max_disk_mb * _MIB
+    return {
+        "network_isolated": is_bwrap,
+        "unshare_net": not is_bwrap,
+        "mounts": private_mounts_spec(sandbox.python, disk_bytes)
+        if uid is not None and not is_bwrap
+        else None,
+        "fork": not is_bwrap,
+        "rlimits": _rlimits(sandbox.limits, uid),
+        "uid": uid,
+        "workdir": in_tmp if is_bwrap else workdir,
+        "private_workdir": in_tmp,  # used where the launcher made private mounts
+        "parent_pid": None if is_bwrap else os.getpid(),  # bwrap has --die-with-parent
+        "argv": [sandbox.python, "-I", "-B", "-u", "main.py"],
+    }
 
 
 class _Watch:
