@@ -92,7 +92,8 @@ while True:
     os.fork()
 """
     result = sandbox.run(code)
-    assert result.killed_reason == "processes", result
+    # every copy that hits the limit prints a traceback: together they may pass the output cap
+    assert result.killed_reason in ("processes", "output"), result
     assert result.exit_code != 0
     assert _alive(marker) == []
 
