@@ -44,22 +44,33 @@ class EnvTaskConfig(ScoredTask):
 
 class SandboxSection(Section):
     backend: Literal["auto", "bwrap", "rlimit"] = "auto"
-    """Isolation of model-written code: "bwrap" (bubblewrap: own network, pid and mount
-    namespaces, read-only system), "rlimit" (resource limits, a fresh uid as root, own network
-    namespace where the kernel allows), or "auto" (bwrap when it works here, else rlimit, logged).
-    An explicit backend that cannot run here is an error, never a silent downgrade."""
+    """Isolation of model-written code. "bwrap" (bubblewrap): own network, pid, mount and user (or
+    uid) namespaces, a read-only system, private size-capped /tmp, /dev/shm and /run; contains
+    every attack in docs/security.md, root or not. "rlimit": resource limits; as root also a fresh
+    uid in its own namespaces (world-readable host files stay readable); without root the code
+    runs as you and can reach your processes and files (the run summary lists what it leaves
+    open). "auto": bwrap, and if bwrap cannot run here an error (never a silent downgrade): set
+    "rlimit" explicitly to accept its gaps."""
     cpu_seconds: float = Field(5.0, gt=0.0)
     """CPU time limit of one tool call."""
     wall_seconds: float = Field(10.0, gt=0.0)
-    """Wall-clock limit of one tool call (every process it started is killed)."""
+    """Wall-clock limit of one tool call, from the program's start (every process it started is
+    killed)."""
     memory_mb: int = Field(512, gt=0)
-    """Address-space limit of the program, in MB."""
+    """Memory of one tool call: all its processes together (PSS, polled every 0.1 s), and the
+    address space of each, in MB."""
     max_output_bytes: int = Field(16_384, gt=0)
     """stdout + stderr kept; past it the program is stopped."""
     max_file_mb: int = Field(16, gt=0)
     """Largest file the program may write, in MB."""
+    max_disk_mb: int = Field(64, gt=0)
+    """Files one tool call may keep, in MB: the size of its private /tmp (the work dir) and of
+    its /dev/shm, each (both in memory)."""
     max_processes: int = Field(32, gt=0)
     """Most processes the program may run at once."""
+    allow_uncontained: bool = False
+    """On macOS and Windows there is no sandbox: the python tool refuses to run unless this is
+    true, and then runs the code as you with only the time and output limits."""
 
 
 class ToolArithmeticTaskConfig(EnvTaskConfig):
