@@ -46,17 +46,9 @@ def _tool_counters() -> tuple[str, ...]:
 
 
 def _python_tool(s) -> Callable[..., Any]:
-    from reinforge.envs.sandbox import Sandbox, SandboxLimits, make_python_tool
+    from reinforge.envs.sandbox import make_python_tool, sandbox_from_config
 
-    limits = SandboxLimits(
-        cpu_seconds=s.cpu_seconds,
-        wall_seconds=s.wall_seconds,
-        memory_mb=s.memory_mb,
-        max_output_bytes=s.max_output_bytes,
-        max_file_mb=s.max_file_mb,
-        max_processes=s.max_processes,
-    )
-    return make_python_tool(Sandbox(s.backend, limits))
+    return make_python_tool(sandbox_from_config(s))
 
 
 def build_html(cfg) -> EnvTasks:
