@@ -98,12 +98,14 @@ def run_episodes(
     params: SamplingParams,
     limits: EpisodeLimits,
     render_tools: bool = True,
+    share_first_turn: bool = True,
 ) -> list[list[Episode]]:
     """`samples_per_task` episodes per task, run turn by turn: the first turn one prompt per
     task with `samples_per_task` samples (pages shared), later turns all active episodes batched
     into one engine call per distinct token budget. The env's tool schemas go to the chat
     template (`render_tools=False` leaves them out, for an env whose prompt already describes
-    its tools). `params.first_prompt_index` numbers the tasks as in a step split across ranks."""
+    its tools). `params.first_prompt_index` numbers the tasks as in a step split across ranks.
+    `share_first_turn=False` sends every episode alone from the start (a benchmark's baseline)."""
     tools = getattr(env, "tool_schemas", None) if render_tools else None
     groups = [
         [_open(env, tokenizer, task, tools) for _ in range(samples_per_task)] for task in tasks
@@ -114,7 +116,7 @@ def run_episodes(
         if not active:
             break
         if turn == 0:
-            _generate_first_turn(engine, groups, params, limits)
+            _generate_first_turn(engine, groups, params, limits, share_first_turn)
         else:
             seed = params.seed + 7919 * turn
             _generate_turn(engine, active, params, limits, seed, params.first_prompt_index)
@@ -159,14 +161,18 @@ def _budget(e: Episode, limits: EpisodeLimits) -> int:
 
 
 def _generate_first_turn(
-    engine: Engine, groups: list[list[Episode]], params: SamplingParams, limits: EpisodeLimits
+    engine: Engine,
+    groups: list[list[Episode]],
+    params: SamplingParams,
+    limits: EpisodeLimits,
+    share: bool = True,
 ) -> None:
     """Each task's episodes as one prompt with n samples, where they open alike (else one
     prompt each); one engine call per (budget, n), prompt i of a call numbered as its task."""
     calls: dict[tuple[int, int], list[tuple[int, list[Episode]]]] = {}
     for index, group in enumerate(groups):
         live = [e for e in group if not e.is_done]
-        if live and all(e.prompt_ids == live[0].prompt_ids for e in live):
+        if share and live and all(e.prompt_ids == live[0].prompt_ids for e in live):
             units = [live]
         else:
             units = [[e] for e in live]
