@@ -253,6 +253,13 @@ class EvalSection(EvalSamplingSection):
     validation loss. In `reinforge train` this is before RL, after any SFT stage."""
     every: int = Field(0, ge=0)
     """Also validate every N steps (validate_every; 0 = only before and after)."""
+    headroom_tasks: int = Field(32, ge=0)
+    """`reinforge train`: at each evaluation, also sample rollout.samples_per_prompt (k) answers
+    of the first this many held-out tasks at the rollout's temperature and log
+    `eval_sampled_pass@1`, `eval_sampled_pass@k` and `eval_headroom` (sampled pass@k minus the
+    evaluation's pass@1 on those tasks): what RL can still sharpen. 32 tasks x k samples costs
+    about one more greedy evaluation of 200 tasks (a group's prompt is prefilled once) and
+    measures headroom to about +-8 points; 0 turns it off."""
 
 
 class CheckpointSection(Section):
