@@ -35,8 +35,19 @@ from reinforge.metrics import read_metrics  # noqa: E402
 from reinforge.train.diagnostics import SAMPLED, explain_run, reward_trend, sampled_k  # noqa: E402
 
 CONFIG = "configs/bench/learning.toml"
-# Overrides per preset; "shipped" runs the settings as they ship.
-PRESETS: dict[str, list[str]] = {"shipped": []}
+# Overrides per preset; "shipped" runs the settings as they ship. The others test the hypotheses
+# of issue 31 for RL lowering held-out greedy pass@1 (see bench/README.md, "The learning suite").
+PRESETS: dict[str, list[str]] = {
+    "shipped": [],
+    # smaller steps: each update moves the policy by KL ~3e-3 per token at 5e-5 (tiny, CPU)
+    "low_lr": ["optim.lr=1e-5"],
+    # an anchor to the SFT model: GRPO's own KL term (the preset's beta; shipped configs drop it)
+    "kl": ["algorithm.kl_coef=0.04"],
+    # every update from groups that carry signal (DAPO's dynamic sampling), not 20% of them
+    "signal_only": ["algorithm.dynamic_sampling=true"],
+    # sample nearer the greedy answer that evaluation scores
+    "cool": ["rollout.temperature=0.7"],
+}
 ELIGIBLE_HEADROOM = 0.10  # the goal counts datasets whose SFT model has pass@k - pass@1 >= this
 GOAL_RISE = 0.05
 MAX_DROP = 0.02
@@ -47,10 +58,15 @@ def main() -> None:
     out = Path(args.out)
     if not args.report_only:
         run_all(args, out)
-    results = [r for r in (run_result(d) for d in sorted((out / "runs").glob("*"))) if r]
-    report = summarize(results)
-    (out / "learning.json").write_text(json.dumps({"runs": results, **report}, indent=1))
-    table = format_table(results, report)
+    run_dirs = sorted((out / "runs").glob("*/*"))
+    results = [r for r in (run_result(d) for d in run_dirs) if r]
+    presets = sorted({r["preset"] for r in results})
+    reports = {p: summarize([r for r in results if r["preset"] == p]) for p in presets}
+    (out / "learning.json").write_text(json.dumps({"runs": results, "presets": reports}, indent=1))
+    table = "\n".join(
+        f"## preset {p}\n\n" + format_table([r for r in results if r["preset"] == p], reports[p])
+        for p in presets
+    )
     (out / "learning.md").write_text(table)
     print(table)
 
@@ -62,13 +78,14 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda")
     p.add_argument("--concurrency", type=int, default=0, help="runs at once (0: 6 on CUDA, 1 CPU)")
-    p.add_argument("--preset", default="shipped", choices=sorted(PRESETS))
+    p.add_argument("--presets", default="shipped", help=f"comma-separated, of {sorted(PRESETS)}")
     p.add_argument("--set", nargs="*", default=[], help="more key=value overrides for every run")
     p.add_argument("--out", default="bench-out/learning")
     p.add_argument("--deadline-s", type=float, default=540.0, help="stop runs still going then")
     p.add_argument("--report-only", action="store_true", help="only rebuild the report from OUT")
     args = p.parse_args()
     unknown = set(args.datasets.split(",")) - set(DATASETS)
+    unknown |= set(args.presets.split(",")) - set(PRESETS)
     if unknown:
         p.error(
             f"--datasets: {sorted(unknown)} are not in bench/learning_tasks.py; use {list(DATASETS)}"
@@ -89,10 +106,9 @@ def run_all(args: argparse.Namespace, out: Path) -> None:
     common = [f"model.path={args.model}", f"run.device={device}", f"run.num_threads={threads}"]
     if device.startswith("cuda") and concurrency > 1:  # fixed budgets: the runs share the GPU
         common += ["rollout.kv_cache_bytes=1073741824", "train.micro_batch_tokens=16384"]
-    common += ["train.compile=false", f"run.output_dir={out / 'runs'}", "run.overwrite=true"]
-    common += PRESETS[args.preset] + args.set
-    queue = [(d, s) for s in seeds for d in args.datasets.split(",")]
-    (out / "logs").mkdir(parents=True, exist_ok=True)
+    common += ["train.compile=false", "run.overwrite=true"]
+    presets = args.presets.split(",")
+    queue = [(p, d, s) for s in seeds for p in presets for d in args.datasets.split(",")]
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -103,11 +119,12 @@ def run_all(args: argparse.Namespace, out: Path) -> None:
     start, running = time.monotonic(), {}
     while queue or running:
         while queue and len(running) < concurrency and time.monotonic() - start < args.deadline_s:
-            dataset, seed = queue.pop(0)
-            running[(dataset, seed)] = launch(dataset, seed, common, out, env)
+            preset, dataset, seed = queue.pop(0)
+            overrides = [*common, *PRESETS[preset], *args.set]
+            running[(preset, dataset, seed)] = launch(preset, dataset, seed, overrides, out, env)
         for key, proc in list(running.items()):
             if proc.poll() is not None:
-                print(f"{key[0]} seed {key[1]}: exit {proc.returncode}", flush=True)
+                print(f"{' '.join(map(str, key))}: exit {proc.returncode}", flush=True)
                 del running[key]
         if running and time.monotonic() - start > args.deadline_s:
             stop(running)
@@ -117,8 +134,8 @@ def run_all(args: argparse.Namespace, out: Path) -> None:
 
 def stop(running: dict) -> None:
     """SIGTERM (a run finishes its step, saves and exits), then, 60 s on, SIGKILL."""
-    for (dataset, seed), proc in running.items():
-        print(f"{dataset} seed {seed}: stopped at the deadline", flush=True)
+    for key, proc in running.items():
+        print(f"{' '.join(map(str, key))}: stopped at the deadline", flush=True)
         proc.terminate()
     for proc in running.values():
         try:
@@ -136,12 +153,16 @@ def prebuild(model: str, seeds: list[int]) -> None:
             builtin_path(model.split(":", 1)[1], seed)
 
 
-def launch(dataset: str, seed: int, common: list[str], out: Path, env: dict) -> subprocess.Popen:
+def launch(
+    preset: str, dataset: str, seed: int, overrides: list[str], out: Path, env: dict
+) -> subprocess.Popen:
     name = f"{dataset}-seed{seed}"
     cmd = [sys.executable, "-m", "reinforge.cli", "train", CONFIG]
     cmd += [f"task.path=bench/learning_tasks.py:{dataset}", f"run.name={name}"]
-    cmd += [f"run.seed={seed}", f"task.seed={seed}", *common]
-    log = (out / "logs" / f"{name}.log").open("w")
+    cmd += [f"run.output_dir={out / 'runs' / preset}", f"run.seed={seed}", f"task.seed={seed}"]
+    cmd += overrides
+    (out / "logs" / preset).mkdir(parents=True, exist_ok=True)
+    log = (out / "logs" / preset / f"{name}.log").open("w")
     log.write(" ".join(cmd) + "\n")
     log.flush()
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
@@ -163,6 +184,7 @@ def run_result(run_dir: Path) -> dict | None:
     updated = [r for r in steps if r.get("grad_norm", 0.0) > 0.0]
     verdict, first, last = reward_trend([r["reward_mean"] for r in steps])
     return {
+        "preset": run_dir.parent.name,
         "dataset": dataset,
         "seed": int(seed),
         "steps": len(steps),
@@ -179,6 +201,7 @@ def run_result(run_dir: Path) -> dict | None:
         "reward": [first, last, verdict],
         "zero_signal_groups": mean(steps, "zero_signal_groups"),
         "policy_kl": mean(updated, "policy_kl"),
+        "policy_kl_no_signal": mean(updated, "policy_kl_no_signal"),
         "policy_out_of_clip": (mean(updated, "policy_ratio_low_frac") or 0.0)
         + (mean(updated, "policy_ratio_high_frac") or 0.0),
         "entropy": [steps[0].get("entropy"), steps[-1].get("entropy")],
@@ -187,7 +210,7 @@ def run_result(run_dir: Path) -> dict | None:
 
 
 def before_sft(run_dir: Path) -> float | None:
-    log = run_dir.parent.parent / "logs" / f"{run_dir.name}.log"
+    log = run_dir.parents[2] / "logs" / run_dir.parent.name / f"{run_dir.name}.log"
     found = (
         re.search(r"held-out accuracy before SFT: ([0-9.]+)", log.read_text())
         if log.exists()

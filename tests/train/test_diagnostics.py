@@ -31,6 +31,9 @@ def test_policy_change_on_hand_computed_tokens():
     # ratios on the four counted tokens: 0.5, 1, 1.5, 1; k3 = r - 1 - log r
     k3 = [0.5 - 1 - math.log(0.5), 0.0, 0.5 - math.log(1.5), 0.0]
     assert got["policy_kl"] == pytest.approx(sum(k3) / 4)
+    assert got["policy_kl_no_signal"] == 0.0  # every token had an advantage
+    no_signal = policy_change(new_BT, old_BT, torch.tensor([0.0, 2.0]), mask_BT, 0.2, 0.2)
+    assert no_signal["policy_kl_no_signal"] == pytest.approx(sum(k3[:2]) / 4)
     assert got["policy_ratio_low_frac"] == pytest.approx(1 / 4)  # 0.5 < 0.8
     assert got["policy_ratio_high_frac"] == pytest.approx(1 / 4)  # 1.5 > 1.2
     # the first sequence (advantage < 0) lost probability, the second (> 0) gained: both count
@@ -42,6 +45,7 @@ def test_unchanged_policy_has_zero_change():
     got = policy_change(old_BT, old_BT, torch.tensor([1.0, -1.0]), torch.ones(2, 3), 0.2, 0.28)
     assert got == {
         "policy_kl": 0.0,
+        "policy_kl_no_signal": 0.0,
         "policy_ratio_low_frac": 0.0,
         "policy_ratio_high_frac": 0.0,
         "policy_shift_signed": 0.0,
@@ -91,10 +95,11 @@ def test_reward_trend_tells_noise_from_change():
     assert (verdict, first, last) == ("falling", pytest.approx(0.40), pytest.approx(0.30))
 
 
-def _rows(rewards, zero_signal, policy_kl, evals):
+def _rows(rewards, zero_signal, policy_kl, evals, collateral=0.0):
     steps = [
         {"step": i + 1, "phase": "rl", "reward_mean": r, "zero_signal_groups": zero_signal}
-        | {"policy_kl": policy_kl, "policy_shift_signed": 1e-3}
+        | {"policy_kl": policy_kl, "policy_kl_no_signal": collateral * policy_kl}
+        | {"policy_shift_signed": 1e-3}
         for i, r in enumerate(rewards)
     ]
     return steps + [{"phase": "rl", **e} for e in evals]
@@ -123,9 +128,10 @@ def test_flat_reward_note_names_the_reasons():
 def test_held_out_drop_is_noted_even_with_a_rising_reward():
     rising = [0.3, 0.31, 0.3, 0.4, 0.41, 0.4, 0.5, 0.52, 0.5]
     evals = [{"step": 0, "eval_accuracy": 0.51}, {"step": 9, "eval_accuracy": 0.41}]
-    [note] = explain_run(_rows(rising, 0.45, 0.05, evals))
+    [note] = explain_run(_rows(rising, 0.45, 0.05, evals, collateral=0.8))
     assert note.startswith("rising reward (0.30 -> 0.51 over 9 steps), held-out pass@1 fell")
     assert "lower optim.lr" in note
+    assert "80% of that change fell on prompts whose groups had no signal" in note
     kept = [{"step": 0, "eval_accuracy": 0.51}, {"step": 9, "eval_accuracy": 0.60}]
     assert explain_run(_rows(rising, 0.45, 0.05, kept)) == []
     assert explain_run(_rows([0.98] * 9, 0.95, 1e-3, kept)) == []  # solved, not stuck

@@ -11,7 +11,9 @@ Per RL step (metrics.jsonl, the console):
   disaggregated run they are a step older, so the figure holds two steps' change).
   `policy_ratio_low_frac` / `policy_ratio_high_frac`: tokens whose probability moved below
   1 - clip_low / above 1 + clip_high times its old value in that one step (a second epoch on the
-  batch would clip them). `policy_shift_signed`: mean over tokens of sign(advantage) x log(new /
+  batch would clip them; with one update per step the clip never acts, so nothing but the
+  learning rate bounds this). `policy_kl_no_signal`: the part of `policy_kl` on tokens whose
+  advantage is 0, the drift of what the step had nothing to teach. `policy_shift_signed`: mean over tokens of sign(advantage) x log(new /
   old), positive when the update raised what scored above its group and lowered the rest.
 - `clip_low_frac` / `clip_high_frac`: tokens whose PPO clip cut the loss's gradient in this step
   (advantage < 0 and ratio below 1 - clip_low; advantage > 0 and ratio above 1 + clip_high; they
@@ -84,7 +86,9 @@ def policy_change(
 ) -> dict[str, float]:
     """How far one update moved the policy on tokens drawn from the old one: k3 KL(old || new)
     per token, the shares of tokens whose ratio new/old left [1 - clip_low, 1 + clip_high], and
-    the advantage-signed mean log-ratio. Means over the mask's tokens."""
+    the advantage-signed mean log-ratio. Means over the mask's tokens; `policy_kl_no_signal` is
+    the part of `policy_kl` from tokens whose advantage is 0 (groups that scored alike: the step
+    had nothing to teach there, so their change is collateral)."""
     log_ratio_BT = (new_logprobs_BT - old_logprobs_BT).clamp(max=MAX_LOG_RATIO)
     ratio_BT = log_ratio_BT.exp()
     kl_BT = ratio_BT - 1.0 - log_ratio_BT  # k3: unbiased under the old policy, never negative
@@ -96,6 +100,7 @@ def policy_change(
 
     return {
         "policy_kl": mean(kl_BT),
+        "policy_kl_no_signal": mean(kl_BT * (adv_BT == 0)),
         "policy_ratio_low_frac": mean((ratio_BT < 1.0 - clip_low).float()),
         "policy_ratio_high_frac": mean((ratio_BT > 1.0 + clip_high).float()),
         "policy_shift_signed": mean(torch.sign(adv_BT) * log_ratio_BT),
@@ -272,6 +277,17 @@ def _update_size(steps: Sequence[dict]) -> list[str]:
     kl = _mean(steps, "policy_kl")
     if kl is None:
         return []
+    said = _update_size_phrase(steps, kl)
+    collateral = _mean(steps, "policy_kl_no_signal")
+    if collateral is not None and kl > 0 and collateral / kl > 0.5:
+        said.append(
+            f"{collateral / kl:.0%} of that change fell on prompts whose groups had no signal "
+            "(drift the step had no evidence for)"
+        )
+    return said
+
+
+def _update_size_phrase(steps: Sequence[dict], kl: float) -> list[str]:
     if kl < KL_TOO_SMALL:
         return [f"updates barely moved the policy (KL {kl:.1e} per token per step): raise optim.lr"]
     if kl > KL_TOO_LARGE:
