@@ -91,7 +91,8 @@ def policy_change(
     had nothing to teach there, so their change is collateral)."""
     log_ratio_BT = (new_logprobs_BT - old_logprobs_BT).clamp(max=MAX_LOG_RATIO)
     ratio_BT = log_ratio_BT.exp()
-    kl_BT = ratio_BT - 1.0 - log_ratio_BT  # k3: unbiased under the old policy, never negative
+    # k3: unbiased under the old policy and never negative (the clamp: float rounding near r = 1)
+    kl_BT = (ratio_BT - 1.0 - log_ratio_BT).clamp(min=0.0)
     adv_BT = advantages[:, None].expand_as(mask_BT) if advantages.dim() == 1 else advantages
     num_tokens = max(float(mask_BT.sum()), 1.0)
 
