@@ -24,6 +24,7 @@ CONSOLE_FIELDS = [
     ("response_len", "len", "{:.1f}"),
     ("kl_ref", "kl_ref", "{:.4f}"),
     ("kl_sampler", "kl_smp", "{:.1e}"),
+    ("policy_kl", "dKL", "{:.1e}"),  # how far the step's update moved the policy
     ("entropy", "ent", "{:.3f}"),
     ("tokens_per_s", "tok/s", "{:.0f}"),
     ("step_s", "step_s", "{:.2f}"),

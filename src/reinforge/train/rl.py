@@ -34,6 +34,7 @@ from reinforge.run import RunContext, Stopped, Summary
 from reinforge.tasks import task_source_for
 from reinforge.train.advantage_step import assign_advantages, build_step_batch
 from reinforge.train.common import device_memory_metrics
+from reinforge.train.diagnostics import headroom_eval, headroom_text, learning_notes
 from reinforge.train.disaggregated import generate_for_trainers
 from reinforge.train.learner import Learner, build_learner, score_with_models
 from reinforge.train.nonfinite import enforce_non_finite_policy
@@ -102,6 +103,7 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
         rollouts.close()
         logger.close()
     summary.notes += tool_use_notes(ctx.run_dir)
+    summary.notes += learning_notes(ctx.run_dir) if is_main() else []
     return summary
 
 
@@ -254,9 +256,14 @@ def log_eval(
     other evaluation metrics (`eval_pass@k`, per-source accuracy, ...)."""
     with watchdog.phase("eval"), full_weights(policy.model):
         result = run_eval(cfg, policy, tasks, max_new_tokens)  # every rank: the same tasks
+        is_logged = result is not None and logger is not None
+        headroom = headroom_eval(cfg, policy, tasks, max_new_tokens, result) if is_logged else {}
     if result is None:
         return None
     if logger is not None:
-        logger.log(step, logged_metrics(result), phase=phase)
-    console.print(f"held-out accuracy {label}: {result.accuracy:.3f} ({result.num_tasks} tasks)")
+        logger.log(step, logged_metrics(result) | headroom, phase=phase)
+    console.print(
+        f"held-out accuracy {label}: {result.accuracy:.3f} ({result.num_tasks} tasks)"
+        + headroom_text(headroom)
+    )
     return result.accuracy

@@ -30,6 +30,7 @@ from reinforge.distributed import (
     reduce_metrics,
 )
 from reinforge.train.advantage_step import StepBatch
+from reinforge.train.diagnostics import clip_fractions, measure_policy_change
 from reinforge.train.forward import completion_rows, micro_batches
 from reinforge.train.learner import Learner
 from reinforge.train.value import head_values
@@ -59,6 +60,7 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
         minned={k for k in extremes if k.endswith("_min")},
     )
     totals.update(optimizer_step(cfg, learner))
+    totals.update(measure_policy_change(cfg, learner, batch, batches))  # one no-grad forward
     return totals
 
 
@@ -109,6 +111,7 @@ def micro_step(
         token_sum_norm=float(cfg.rollout.max_new_tokens),
     )
     loss, metrics = algorithm.policy_loss(inputs, algorithm.settings)
+    metrics.update(clip_fractions(inputs, algorithm.settings))
     metrics["loss"] = loss.detach()
     if learner.value_head is not None:
         value_loss, value_metrics = clipped_value_loss(
