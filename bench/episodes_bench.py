@@ -100,14 +100,24 @@ def run(engine, tok, env_tasks, tasks, args, share: bool) -> dict:
     start = time.perf_counter()
     try:
         groups = episodes.run_episodes(
-            engine, tok, env_tasks.env, tasks, args.samples, params, limits, False, share
+            engine,
+            tok,
+            env_tasks.env,
+            tasks,
+            args.samples,
+            params,
+            limits,
+            False,
+            share,
+            args.env_workers,
         )
     finally:
         engine.generate = generate
     seconds = time.perf_counter() - start
     generated = sum(sum(e.loss_mask) for g in groups for e in g)
     return {
-        "mode": "shared first turn" if share else "separate episodes",
+        "mode": ("shared first turn" if share else "separate episodes")
+        + f", {args.env_workers} env threads",
         "seconds": seconds,
         "generated_tokens": generated,
         "tokens_per_s": generated / seconds,
@@ -126,6 +136,7 @@ def main() -> None:
     parser.add_argument("--turn-tokens", type=int, default=128)
     parser.add_argument("--tool-latency", type=float, default=0.05)
     parser.add_argument("--kv-gib", type=float, default=20.0)
+    parser.add_argument("--env-workers", type=int, default=32, help="threads for env steps")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     args = parser.parse_args()
 
@@ -148,7 +159,7 @@ def main() -> None:
                 r["repeat"] = repeat
                 results.append(r)
                 print(json.dumps(r), flush=True)
-    last = {r["mode"]: r for r in results if r["repeat"] == 1}
+    last = {r["mode"].split(",")[0]: r for r in results if r["repeat"] == 1}
     shared, alone = last["shared first turn"], last["separate episodes"]
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     summary = {
@@ -166,7 +177,7 @@ def main() -> None:
         f"{args.samples} samples, {args.turns} tool turns of {args.turn_tokens} tokens, "
         f"prompt {args.prompt_len}, tool latency {args.tool_latency * 1000:.0f} ms"
     )
-    print(f"{'mode':<20} {'seconds':>8} {'tokens/s':>10} {'first-turn KV pages':>20}")
+    print(f"{'mode':<36} {'seconds':>8} {'tokens/s':>10} {'first-turn KV pages':>20}")
     for r in (alone, shared):
         print(
             f"{r['mode']:<20} {r['seconds']:>8.2f} {r['tokens_per_s']:>10.0f} "

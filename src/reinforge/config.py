@@ -157,6 +157,10 @@ class RolloutSection(Section):
     ignore_eos: bool = False
     """Generate max_new_tokens for every completion, past EOS and stop strings (benchmarks: every
     step does the same work)."""
+    env_workers: int = Field(32, ge=1, le=1024)
+    """Threads that run a turn's env steps at once (tool calls, sandboxed code, game moves, a
+    user env's step): a tool that waits 50 ms costs one wait per turn, not one per episode. 1 runs
+    them one by one (for an env whose step is not safe to call from several threads)."""
     engine: Literal["auto", "paged", "simple"] = "auto"
     """Generation engine for rollouts and validation: "paged" (continuous batching over a paged KV
     cache, one prefill per group's prompt, CUDA graphs on a GPU; Qwen2/2.5, Qwen3 and Llama models,

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from reinforge.data.chat import render_ids
@@ -99,13 +100,16 @@ def run_episodes(
     limits: EpisodeLimits,
     render_tools: bool = True,
     share_first_turn: bool = True,
+    env_workers: int = 1,
 ) -> list[list[Episode]]:
     """`samples_per_task` episodes per task, run turn by turn: the first turn one prompt per
     task with `samples_per_task` samples (pages shared), later turns all active episodes batched
     into one engine call per distinct token budget. The env's tool schemas go to the chat
     template (`render_tools=False` leaves them out, for an env whose prompt already describes
     its tools). `params.first_prompt_index` numbers the tasks as in a step split across ranks.
-    `share_first_turn=False` sends every episode alone from the start (a benchmark's baseline)."""
+    `share_first_turn=False` sends every episode alone from the start (a benchmark's baseline).
+    The env steps of a turn run on `env_workers` threads; the token bookkeeping after them runs
+    here, in order (a tokenizer is not shared across threads)."""
     tools = getattr(env, "tool_schemas", None) if render_tools else None
     groups = [
         [_open(env, tokenizer, task, tools) for _ in range(samples_per_task)] for task in tasks
@@ -120,8 +124,9 @@ def run_episodes(
         else:
             seed = params.seed + 7919 * turn
             _generate_turn(engine, active, params, limits, seed, params.first_prompt_index)
-        for episode in active:
-            _step_env(tokenizer, env, episode, tools, turn)
+        results = _run_env_steps(env, active, env_workers)
+        for episode, result in zip(active, results, strict=True):
+            _take_step(tokenizer, episode, result, tools, turn)
     for e in episodes:
         if not e.is_done:
             e.finish_reason = e.finish_reason or "max_turns"
@@ -217,20 +222,36 @@ def _record(e: Episode, completion: Completion) -> None:
     e.turns.append(completion)
 
 
-def _step_env(tokenizer, env: Env, e: Episode, tools, turn: int) -> None:
+def _run_env_steps(env: Env, active: list[Episode], workers: int) -> list:
+    """Each active episode's `_env_step` on its last turn (the exception an env raises fails
+    that episode alone)."""
+    if workers <= 1 or len(active) <= 1:
+        return [_env_step(env, e) for e in active]
+    with ThreadPoolExecutor(min(workers, len(active)), thread_name_prefix="env") as pool:
+        return list(pool.map(lambda e: _env_step(env, e), active))
+
+
+def _env_step(env: Env, e: Episode) -> tuple[list[Message], StepResult | Exception]:
+    """(the conversation before this turn, what the env answered or raised)."""
     assert e.state is not None, "an episode whose reset failed is done before its first turn"
-    completion = e.turns[-1]
     history = list(e.state.messages)
-    assistant = Message("assistant", completion.text)
-    e.num_turns = turn + 1
-    if completion.finish_reason == "length":
-        e.metrics["turn_truncated"] += 1
     try:
-        result = env.step(e.state, assistant)
+        result = env.step(e.state, Message("assistant", e.turns[-1].text))
         if not isinstance(result, StepResult):
             raise TypeError(f"step() returned {type(result).__name__}, not a StepResult")
     except Exception as error:  # the env's (or its tool's, or its parser's) failure
-        _fail(e, error, "step")
+        return history, error
+    return history, result
+
+
+def _take_step(tokenizer, e: Episode, stepped, tools, turn: int) -> None:
+    history, result = stepped
+    completion = e.turns[-1]
+    e.num_turns = turn + 1
+    if completion.finish_reason == "length":
+        e.metrics["turn_truncated"] += 1
+    if isinstance(result, Exception):
+        _fail(e, result, "step")
         return
     e.metrics.update({k: v for k, v in result.metrics.items() if v})
     if result.done:
@@ -238,6 +259,7 @@ def _step_env(tokenizer, env: Env, e: Episode, tools, turn: int) -> None:
         e.is_done, e.finish_reason = True, "done"
         e.metrics["finish_done"] += 1
         return
+    assistant = Message("assistant", completion.text)
     found = environment_delta(
         tokenizer,
         [*history, assistant],

@@ -99,7 +99,16 @@ def rollout_groups(
     params = rollout_sampling(cfg.rollout, policy.tokenizer, seed, first_prompt_index)
     num_failed_before = errors.num_failed
     with faults.site("generation"), full_weights(policy.model):
-        groups = play(policy.engine, policy.tokenizer, tasks, batch_tasks, params.n, params, errors)
+        groups = play(
+            policy.engine,
+            policy.tokenizer,
+            tasks,
+            batch_tasks,
+            params.n,
+            params,
+            errors,
+            cfg.rollout.env_workers,
+        )
     num_calls = sum(len(g.trajectories) for g in groups)
     errors.check(num_calls, errors.num_failed - num_failed_before)
     return groups

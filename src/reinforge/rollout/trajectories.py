@@ -75,10 +75,12 @@ def play(
     samples_per_task: int,
     params: SamplingParams,
     errors: RewardErrors | None = None,
+    env_workers: int = 32,
 ) -> list[Group]:
     """`samples_per_task` episodes of each task as scored trajectories, one group per task
-    (`params.max_new_tokens` is each turn's budget). Reward components that fail are counted
-    in `errors`; an env that raises fails its episode (`env_errors`)."""
+    (`params.max_new_tokens` is each turn's budget; a turn's env steps on `env_workers` threads).
+    Reward components that fail are counted in `errors`; an env that raises fails its episode
+    (`env_errors`)."""
     limits = episode_limits(env_tasks, params.max_new_tokens, engine)
     tools = tools_to_render(env_tasks)
     episode_groups = run_episodes(
@@ -90,6 +92,7 @@ def play(
         params,
         limits,
         render_tools=tools is not None,
+        env_workers=1 if env_tasks.is_single_turn else env_workers,
     )
     check_env_errors(env_tasks.name, [e for g in episode_groups for e in g])
     errors = errors if errors is not None else RewardErrors()
