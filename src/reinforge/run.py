@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,11 +48,19 @@ class RunContext:
     """Under torchrun every process checks the run directory, the main one alone changes it, and
     the others wait until it has."""
 
-    def __init__(self, run_dir: Path, resume: bool, overwrite: bool, config_toml: str):
+    def __init__(
+        self,
+        run_dir: Path,
+        resume: bool,
+        overwrite: bool,
+        config_toml: str,
+        on_damaged: str = "previous",
+    ):
         from reinforge.distributed import barrier_all, is_main
 
         self.run_dir = run_dir
         self.resume = resume
+        self.on_damaged = on_damaged  # checkpoint.on_damaged: what a damaged `latest` means
         self.started = time.perf_counter()
         self.stop_signal: str | None = None
         if resume:
@@ -73,11 +82,10 @@ class RunContext:
     def _prepare(self, config_toml: str) -> None:
         run_dir = self.run_dir
         if self.resume:
-            from reinforge.checkpoint import clean_incomplete
+            from reinforge.checkpoint import prepare_resume
 
-            removed = clean_incomplete(run_dir)
-            if removed:
-                print(f"resume: removed what a crash left unfinished: {', '.join(removed)}")
+            for note in prepare_resume(run_dir, self.on_damaged):  # type: ignore[arg-type]
+                print(note, file=sys.stderr)
         elif run_dir.exists() and any(run_dir.iterdir()):
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
