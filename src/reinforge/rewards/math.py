@@ -12,9 +12,11 @@ past `timeout_s` has its worker killed and replaced, scores 0.0 and counts one t
 
 Callers share the pool without taking turns: every call, from any thread, takes whichever
 workers are free, so concurrent callers check in parallel (as many at once as there are
-workers), and an item never waits behind another caller's slow item while a worker is free. An
-item's clock starts when a worker takes it: a call returns within `timeout_s` plus the pipe's
-overhead once it has a worker. A killed worker's replacement starts at once, in the background.
+workers: one per core, up to 8, by default), and an item never waits behind another caller's
+slow item while a worker is free. An item's clock starts when a worker takes it (time queued is
+not held against it): with a free worker, a call from any thread returns within `timeout_s` plus
+the pipe's overhead; with more concurrent items than workers, the extra ones queue for the next
+free worker. A killed worker's replacement starts at once, in the background.
 
 Memory: on Linux each worker's address space is capped (RLIMIT_AS) at what it holds after
 importing math-verify plus `memory_mb`, so an answer that makes sympy allocate without end fails
@@ -33,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
+import os
 import sys
 import threading
 import time
@@ -96,7 +99,11 @@ class MathVerifier:
     workers. Use as a context manager, or call `close()`.
     """
 
-    def __init__(self, num_workers: int = 2, timeout_s: float = 5.0, memory_mb: int = 1024):
+    def __init__(
+        self, num_workers: int | None = None, timeout_s: float = 5.0, memory_mb: int = 1024
+    ):
+        if num_workers is None:  # a worker per core, up to 8 (each holds sympy, ~60 MB)
+            num_workers = min(8, os.cpu_count() or 2)
         if num_workers < 1:
             raise ConfigError(f"num_workers must be >= 1, got {num_workers}; try num_workers=2")
         if not timeout_s > 0:

@@ -25,7 +25,7 @@ from reinforge.engine.base import SamplingParams
 from reinforge.envs.parsers import Parser, get_parser
 from reinforge.errors import ConfigError
 from reinforge.server.backend import ServedModel, load_served_model
-from reinforge.server.limits import BodyLimit, ServerLimits
+from reinforge.server.limits import BodyLimit, ServerLimits, join_body, read_body
 from reinforge.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -87,20 +87,20 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = await request.body()  # whole and within the size limit (BodyLimit)
+        body = await read_body(request)  # whole and within the size limit (BodyLimit)
         return await run_in_threadpool(answer_chat, served, parser, limits, body)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = await request.body()
+        body = await read_body(request)
         return await run_in_threadpool(answer_completion, served, limits, body)
 
     return app
 
 
-def answer_chat(served: ServedModel, parser: Parser, limits: ServerLimits, body: bytes):
+def answer_chat(served: ServedModel, parser: Parser, limits: ServerLimits, body: list[bytes]):
     """One /v1/chat/completions request, start to end, in a worker thread."""
-    request = parse_body(ChatCompletionRequest, body)
+    request = parse_body(ChatCompletionRequest, join_body(body))
     _check_model(served, request.model)
     limits.check_completions(1, request.n or 1)
     served.check_text(sum(len(m.content or "") for m in request.messages), "messages")
@@ -132,9 +132,9 @@ def answer_chat(served: ServedModel, parser: Parser, limits: ServerLimits, body:
     )
 
 
-def answer_completion(served: ServedModel, limits: ServerLimits, body: bytes):
+def answer_completion(served: ServedModel, limits: ServerLimits, body: list[bytes]):
     """One /v1/completions request, start to end, in a worker thread."""
-    request = parse_body(CompletionRequest, body)
+    request = parse_body(CompletionRequest, join_body(body))
     _check_model(served, request.model)
     limits.check_completions(len(request.prompts), request.n or 1)
     for p in request.prompts:

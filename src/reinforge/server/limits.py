@@ -62,7 +62,9 @@ def too_large(size: int, limit: int) -> JSONResponse:
 
 class BodyLimit:
     """ASGI middleware: read the whole body (refusing it with 413 once it passes the limit),
-    then hand it to the app in one message. FastAPI would read it whole anyway."""
+    then hand its chunks to the app as they came. FastAPI would read it whole anyway; joining
+    the chunks is left to the worker thread the route hands them to (`read_body`), so the event
+    loop never copies a large body."""
 
     def __init__(self, app: ASGIApp, max_bytes: int):
         self.app = app
@@ -76,29 +78,32 @@ class BodyLimit:
         if declared.isdigit() and int(declared) > self.max_bytes:
             await too_large(int(declared), self.max_bytes)(scope, receive, send)
             return
-        chunks: list[bytes] = []
+        messages: list[Message] = []
         size = 0
-        while True:
+        while not messages or messages[-1].get("more_body", False):
             message = await receive()
             if message["type"] == "http.disconnect":
                 return  # the client left before sending it all
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
+            size += len(message.get("body", b""))
             if size > self.max_bytes:
                 await too_large(size, self.max_bytes)(scope, receive, send)
                 return
-            if not message.get("more_body", False):
-                break
-        body: Message | None = {"type": "http.request", "body": b"".join(chunks)}
+            messages.append(message)
+        messages.reverse()
 
         async def replay() -> Message:
-            nonlocal body
-            if body is None:
-                return await receive()  # after the body: a disconnect, for streams
-            message, body = body, None
-            return message
+            return messages.pop() if messages else await receive()  # then: a disconnect
 
         await self.app(scope, replay, send)
+
+
+async def read_body(request) -> list[bytes]:
+    """The body's chunks, unjoined (a route joins them in its worker thread: `join_body`)."""
+    return [chunk async for chunk in request.stream() if chunk]
+
+
+def join_body(chunks: list[bytes]) -> bytes:
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def max_token_chars(tokenizer) -> int:
