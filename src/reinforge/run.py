@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reinforge.errors import ConfigError
+from reinforge.errors import ConfigError, RunFailure
 
 
 class Stopped(Exception):
@@ -75,8 +75,15 @@ class RunContext:
                 f"choose another run.name, or set run.overwrite=true to replace it"
             )
         barrier_all()  # every process has looked before the main one changes anything
+        failure = None
         if is_main():
-            self._prepare(config_toml)
+            try:
+                self._prepare(config_toml)
+            except RunFailure as e:  # a damaged checkpoint: every process stops, none waits
+                failure = e
+        failure = _from_main(failure)
+        if failure is not None:
+            raise failure
         barrier_all()
 
     def _prepare(self, config_toml: str) -> None:
@@ -112,6 +119,19 @@ class RunContext:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
+
+
+def _from_main(failure: RunFailure | None) -> RunFailure | None:
+    """The main process's failure, on every process of a torchrun job (rank 0 is the main)."""
+    from reinforge.distributed import is_launched
+
+    if not is_launched():
+        return failure
+    import torch.distributed
+
+    shared = [failure]
+    torch.distributed.broadcast_object_list(shared, src=0)
+    return shared[0]
 
 
 @contextmanager
