@@ -54,6 +54,12 @@ def test_bad_value_names_setting_and_a_working_value():
     assert "rollout.temperature" in msg and "got -1" in msg and "rollout.temperature = 1.0" in msg
 
 
+def test_a_seed_past_64_bit_seeds_is_a_config_error():
+    msg = error_of(f"run.seed={2**70}")
+    assert "run.seed" in msg and "less than or equal to 4294967295" in msg and f"got {2**70}" in msg
+    assert load_config(TrainConfig, None, [f"run.seed={2**32 - 1}"]).run.seed == 2**32 - 1
+
+
 def test_task_union_variant_keys():
     cfg = load_config(TrainConfig, None, ['task.name="countdown"', "task.num_numbers=4"])
     assert cfg.task.name == "countdown" and cfg.task.num_numbers == 4

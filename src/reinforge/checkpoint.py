@@ -12,6 +12,9 @@ The contract:
 - Folders left half-written keep their temporary name and are never loaded; resuming removes them,
   and step folders newer than `latest` (a crash between the rename and the pointer), which the
   resumed run writes again (`clean_incomplete`).
+- Every folder carries `manifest.json`, each file's size and hash; a resume checks `latest`
+  against it and, when a file was damaged on disk, falls back to the newest intact checkpoint
+  or stops, as `checkpoint.on_damaged` says (`prepare_resume`, `checkpoint_manifest`).
 - `keep_last` step folders stay on disk; `latest` is never pruned.
 - A state with a non-finite parameter is never written (`NonFiniteState`).
 - In a distributed run (torchrun) the optimizer state and trainable weights are saved through
@@ -37,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from reinforge.checkpoint_manifest import OnDamaged, choose_intact, write_manifest
 from reinforge.distributed import any_rank, is_distributed, local_tensor, rank
 from reinforge.errors import RunFailure
 from reinforge.faults import maybe_fail
@@ -201,6 +205,7 @@ def publish(root: Path, name: str, keep_last: int | None) -> Path:
     """Make the complete temporary folder of checkpoint `name` durable, rename it into place,
     then move `latest` to it, and prune."""
     tmp = root / f"{TMP_PREFIX}{name}"
+    write_manifest(tmp)
     _fsync_dir(tmp)
     maybe_fail("checkpoint")  # drills: a crash with every file written, before the rename
     final = root / name
@@ -225,6 +230,22 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
         f"`latest` points at an incomplete checkpoint {path}"
     )
     return path
+
+
+def prepare_resume(run_dir: Path, on_damaged: OnDamaged = "previous") -> list[str]:
+    """Before resuming (the main process): make `latest` name an intact checkpoint (its files
+    against its manifest; `checkpoint_manifest.choose_intact`), then `clean_incomplete`.
+    Returns what to report."""
+    root = checkpoints_dir(run_dir)
+    latest = _read_latest(root)
+    assert latest is not None, f"nothing to resume in {root}"
+    chosen, notes = choose_intact(root, latest, on_damaged, _order)
+    if chosen != latest:
+        _write_atomic(root / "latest", chosen)
+    removed = clean_incomplete(run_dir)
+    if removed:
+        notes.append(f"resume: removed what a crash left unfinished: {', '.join(removed)}")
+    return notes
 
 
 def clean_incomplete(run_dir: Path) -> list[str]:

@@ -182,6 +182,7 @@ def execute(args, cfg) -> int:
         resume=bool(args.resume),
         overwrite=cfg.run.overwrite,
         config_toml=to_toml(cfg),
+        on_damaged=cfg.checkpoint.on_damaged,
     )
     ctx.install_signal_handlers()
     with guarded(cfg, ctx):

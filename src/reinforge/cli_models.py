@@ -103,6 +103,16 @@ def _add_serve(sub) -> None:
         help="hermes, llama3_json or mistral (default: auto, from the chat template)",
     )
     p.add_argument("--max-model-len", type=int, help="context limit per request")
+    p.add_argument(
+        "--max-request-mb",
+        type=float,
+        help="largest request body in MiB; a larger one gets 413 (default: 8)",
+    )
+    p.add_argument(
+        "--max-completions-per-request",
+        type=int,
+        help="most completions (prompts x n) one request may ask for; more get 400 (default: 256)",
+    )
     p.add_argument("--log-level", default="info", help="uvicorn log level")
 
 
@@ -135,7 +145,11 @@ def run_export(args) -> int:
 def run_serve(args) -> int:
     from reinforge.server import serve
 
-    _refuse_overrides(args, "--host, --port, --engine, --device, --dtype, --max-model-len")
+    _refuse_overrides(
+        args,
+        "--host, --port, --engine, --device, --dtype, --max-model-len, --max-request-mb, "
+        "--max-completions-per-request",
+    )
     serve(
         args.model,
         args.host,
@@ -147,8 +161,28 @@ def run_serve(args) -> int:
         tool_parser=args.tool_parser,
         max_model_len=args.max_model_len,
         log_level=args.log_level,
+        limits=server_limits(args),
     )
     return 0
+
+
+def server_limits(args):
+    """`ServerLimits` from the flags given (its own defaults for the others)."""
+    from reinforge.server.limits import ServerLimits
+
+    given = {}
+    if args.max_request_mb is not None:
+        if not args.max_request_mb > 0:
+            raise ConfigError(f"--max-request-mb {args.max_request_mb:g} must be > 0; e.g. 8")
+        given["max_request_bytes"] = int(args.max_request_mb * 2**20)
+    if args.max_completions_per_request is not None:
+        if args.max_completions_per_request < 1:
+            raise ConfigError(
+                f"--max-completions-per-request {args.max_completions_per_request} must be "
+                ">= 1; e.g. 256"
+            )
+        given["max_completions"] = args.max_completions_per_request
+    return ServerLimits(**given)
 
 
 def _refuse_overrides(args, options: str) -> None:

@@ -18,7 +18,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, model_validator
 
 from reinforge.config_algorithm import AlgorithmBase, AlgorithmSection, GRPOAlgorithm, preset_values
-from reinforge.config_base import Section
+from reinforge.config_base import MAX_SEED, Section
 from reinforge.config_envs import is_env_task
 from reinforge.config_load import (
     apply_override,
@@ -77,8 +77,10 @@ class RunSection(Section):
     """Name of the run; the run directory is `output_dir/name`."""
     output_dir: str = "runs"
     """Folder that holds run directories."""
-    seed: int = Field(0, ge=0)
-    """Seed for model init, data order, sampling and dropout. Same seed, same run (per device)."""
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    """Seed for model init, data order, sampling and dropout, from 0 to 2**32 - 1 (numpy's and
+    torch's seeds, and the per-step seeds derived from it, must fit 64 bits). Same seed, same
+    run (per device)."""
     device: str = "auto"
     """`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
@@ -278,6 +280,11 @@ class CheckpointSection(Section):
     disk, and cannot change the copy being written. Saves on a stop signal and at the end are
     synchronous, so they are durable before the process exits. Under torchrun with several
     processes every save is synchronous (a sharded save is collective)."""
+    on_damaged: Literal["previous", "error"] = "previous"
+    """What a resume does when the latest checkpoint's files differ from the hashes saved with
+    them (a flipped bit, a truncated or missing file): "previous" reports the damage, keeps the
+    damaged folder as `damaged-NAME` and resumes from the newest intact earlier checkpoint;
+    "error" stops (exit code 1), naming the damage and the checkpoint "previous" would take."""
 
 
 class DistributedSection(Section):
@@ -389,8 +396,9 @@ class SFTConfig(Section):
 
 
 class EvalRunSection(Section):
-    seed: int = Field(0, ge=0)
-    """Seed of sampling (when eval.temperature > 0) and of a dataset's held-out draw."""
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    """Seed of sampling (when eval.temperature > 0) and of a dataset's held-out draw, from 0 to
+    2**32 - 1."""
     device: str = "auto"
     """`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
+# Seeds go to numpy (which takes 0 .. 2**32 - 1) and torch, and per-step seeds are derived from
+# them by multiplying (train/rl.py): a larger seed overflows those 64-bit seeds.
+MAX_SEED = 2**32 - 1
+
 
 class Section(BaseModel):
     model_config = ConfigDict(

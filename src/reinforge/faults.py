@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from reinforge import watchdog
 from reinforge.errors import RunFailure
 
@@ -162,17 +164,30 @@ class RewardErrors:
 _said_reward_error = False
 
 
+def reward_value(value: object, fn: Callable[..., object]) -> float:
+    """A reward's return value as a float. A bool or a string is refused (TypeError): `float`
+    would read True and "1.0" as 1.0, hiding a reward function that returns the wrong thing."""
+    if isinstance(value, (bool, np.bool_, str, bytes)):
+        name = getattr(fn, "__qualname__", None) or type(fn).__name__
+        raise TypeError(
+            f"reward {name} returned {value!r:.60} (a {type(value).__name__}); a reward "
+            "returns a float"
+        )
+    return float(value)  # type: ignore[arg-type]
+
+
 def guard_reward(
     fn: Callable[..., float], errors: RewardErrors, site_name: str = "reward"
 ) -> Callable[..., float]:
-    """Wrap a reward: an exception or non-finite value becomes 0.0 and is counted, so one bad
-    call costs one sample's reward, never the step."""
+    """Wrap a reward: an exception, a non-finite value or a value that is no number (a bool, a
+    string: `reward_value`) becomes 0.0 and is counted, so one bad call costs one sample's
+    reward, never the step."""
     assert site_name in RECOVERABLE
 
     def guarded(*args, **kwargs) -> float:
         try:
             with site(site_name) as poison:
-                value = math.nan if poison else float(fn(*args, **kwargs))
+                value = math.nan if poison else reward_value(fn(*args, **kwargs), fn)
         except Exception as e:  # a reward's failure is one sample's zero, counted and shown
             errors.counts[f"{site_name}_errors"] += 1
             errors.first = errors.first or f"{type(e).__name__}: {e}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reinforge.errors import ConfigError
+from reinforge.errors import ConfigError, RunFailure
 
 
 class Stopped(Exception):
@@ -54,11 +55,19 @@ class RunContext:
     """Under torchrun every process checks the run directory, the main one alone changes it, and
     the others wait until it has."""
 
-    def __init__(self, run_dir: Path, resume: bool, overwrite: bool, config_toml: str):
+    def __init__(
+        self,
+        run_dir: Path,
+        resume: bool,
+        overwrite: bool,
+        config_toml: str,
+        on_damaged: str = "previous",
+    ):
         from reinforge.distributed import barrier_all, is_main
 
         self.run_dir = run_dir
         self.resume = resume
+        self.on_damaged = on_damaged  # checkpoint.on_damaged: what a damaged `latest` means
         self.started = time.perf_counter()
         self.stop_signal: str | None = None
         if resume:
@@ -73,18 +82,24 @@ class RunContext:
                 f"choose another run.name, or set run.overwrite=true to replace it"
             )
         barrier_all()  # every process has looked before the main one changes anything
+        failure = None
         if is_main():
-            self._prepare(config_toml)
+            try:
+                self._prepare(config_toml)
+            except RunFailure as e:  # a damaged checkpoint: every process stops, none waits
+                failure = e
+        failure = _from_main(failure)
+        if failure is not None:
+            raise failure
         barrier_all()
 
     def _prepare(self, config_toml: str) -> None:
         run_dir = self.run_dir
         if self.resume:
-            from reinforge.checkpoint import clean_incomplete
+            from reinforge.checkpoint import prepare_resume
 
-            removed = clean_incomplete(run_dir)
-            if removed:
-                print(f"resume: removed what a crash left unfinished: {', '.join(removed)}")
+            for note in prepare_resume(run_dir, self.on_damaged):  # type: ignore[arg-type]
+                print(note, file=sys.stderr)
         elif run_dir.exists() and any(run_dir.iterdir()):
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -111,6 +126,19 @@ class RunContext:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
+
+
+def _from_main(failure: RunFailure | None) -> RunFailure | None:
+    """The main process's failure, on every process of a torchrun job (rank 0 is the main)."""
+    from reinforge.distributed import is_launched
+
+    if not is_launched():
+        return failure
+    import torch.distributed
+
+    shared = [failure]
+    torch.distributed.broadcast_object_list(shared, src=0)
+    return shared[0]
 
 
 @contextmanager

@@ -91,6 +91,34 @@ def test_malformed_csv_rows_are_bad_rows_with_0_based_numbers(tmp_path):
     assert report.first_detail["malformed CSV row"] == "3 fields where the header has 2"
 
 
+def test_bytes_that_are_not_utf8_make_one_bad_row_each(tmp_path):
+    good = b'{"prompt": "1+1=", "answer": "2"}\n'
+    bad_byte = b'{"prompt": "caf\xe9=", "answer": "3"}\n'  # Latin-1, not UTF-8
+    deep = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+    huge = b'{"prompt": "x", "answer": ' + b"9" * 5000 + b"}\n"
+    lone = b'{"prompt": "a\\ud800b", "answer": "1"}\n'  # valid UTF-8; decodes to no text
+    pair = b'{"prompt": "smile \\ud83d\\ude00", "answer": "1"}\n'  # a valid pair: an emoji
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(good + bad_byte + good + deep + huge + good + lone + pair)
+    tasks = load_dataset_tasks(DatasetSpec(path=str(path), reward="exact_match"))
+    report = tasks.reports[0]
+    assert len(tasks.train) == 4 and report.num_rows == 8
+    assert tasks.train[-1].messages[-1].content == "smile \U0001f600"
+    assert report.bad_rows == {
+        "invalid UTF-8": [2],
+        "invalid JSON": [4, 5],
+        "invalid unicode": [7],
+    }
+    assert report.first_detail["invalid UTF-8"] == "byte(s) e9 at byte 16 of the line"
+    assert "invalid UTF-8: 1 at lines 2" in report.summary()
+
+    csv_path = tmp_path / "mixed.csv"
+    csv_path.write_bytes(b"prompt,answer\n1+1=,2\ncaf\xe9=,3\n2+2=,4\n")
+    csv_tasks = load_dataset_tasks(DatasetSpec(path=str(csv_path), reward="exact_match"))
+    assert [t.answer for t in csv_tasks.train] == ["2", "4"]
+    assert csv_tasks.reports[0].bad_rows == {"invalid UTF-8": [1]}
+
+
 def test_prompts_over_the_token_budget_are_counted_not_truncated(tmp_path):
     from transformers import AutoTokenizer
 

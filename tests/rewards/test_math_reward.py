@@ -1,8 +1,11 @@
-"""math-verify answer checking through the worker pool: equivalent forms, wrong answers, and
-pathological answers that must cost one timeout each, never a stalled caller."""
+"""math-verify answer checking through the worker pool: equivalent forms, wrong answers,
+pathological answers that must cost one timeout each, never a stalled caller, concurrent callers
+checking in parallel, and a memory bomb killed by the workers' memory cap."""
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
 
 import pytest
@@ -15,11 +18,12 @@ from reinforge.types import Message, Task
 TIMEOUT_S = 2.0
 TOWER = r"\boxed{9^{9^{9^{9}}}}"  # sympy tries to evaluate this for minutes
 FACTORIAL = r"The answer is $(10^{8})!$"
+NUM_WORKERS = 4
 
 
 @pytest.fixture(scope="module")
 def verifier():
-    with MathVerifier(num_workers=2, timeout_s=TIMEOUT_S) as v:
+    with MathVerifier(num_workers=NUM_WORKERS, timeout_s=TIMEOUT_S) as v:
         yield v
 
 
@@ -103,15 +107,59 @@ def test_unparsable_ground_truth_counts_an_error(verifier):
     assert "ground-truth" in verifier.last_error
 
 
-@pytest.mark.parametrize("index", [0, 1])
+@pytest.mark.parametrize("index", [0, NUM_WORKERS - 1])
 def test_worker_that_died_is_replaced(verifier, index):
     # Whether it died idle or while still starting (after an earlier test's timeout), a worker
     # killed from outside is replaced and the batch scores in full.
     worker = verifier._workers[index]
     worker.process.kill()
     worker.process.join()
-    assert verifier.score_batch([(r"\boxed{2}", "2")] * 3) == [1.0, 1.0, 1.0]
+    verifier.wait_until_ready()  # a worker killed while starting has a successor by now
+    pairs = [(r"\boxed{2}", "2")] * (NUM_WORKERS + 2)  # takes every free worker, the dead one too
+    assert verifier.score_batch(pairs) == [1.0] * len(pairs)
     assert worker not in verifier._workers
+
+
+def _timed(results: dict, key: str, fn, *args) -> None:
+    start = time.monotonic()
+    value = fn(*args)
+    results[key] = (value, time.monotonic() - start)
+
+
+def test_concurrent_callers_check_in_parallel(verifier):
+    # One thread per worker; three send an answer sympy chews on for minutes, one a batch of
+    # ordinary answers. Taking turns (one lock) made this 3 timeouts + restarts long; in parallel
+    # it is one timeout, and the ordinary batch never waits for the slow ones.
+    verifier.wait_until_ready()
+    timeouts = verifier.num_timeouts
+    results: dict = {}
+    calls = [(f"slow{i}", verifier.score, TOWER, "1") for i in range(NUM_WORKERS - 1)]
+    calls.append(("batch", verifier.score_batch, [(r"\boxed{2}", "2"), ("3", "4")] * 2))
+    threads = [threading.Thread(target=_timed, args=(results, *call)) for call in calls]
+    start = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - start
+    assert results["batch"][0] == [1.0, 0.0, 1.0, 0.0]
+    assert results["batch"][1] < TIMEOUT_S
+    assert all(results[f"slow{i}"][0] == 0.0 for i in range(NUM_WORKERS - 1))
+    assert elapsed < TIMEOUT_S + 1.5, f"{elapsed:.1f} s for one {TIMEOUT_S} s timeout"
+    assert verifier.num_timeouts == timeouts + NUM_WORKERS - 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the memory cap is Linux-only")
+def test_memory_bomb_is_killed_and_the_pool_recovers():
+    # 300,000 digits: sympy's integer takes ~160 MB to build, far past a 64 MB cap, in ~1 s.
+    bomb = r"\boxed{" + "9" * 300_000 + "}"
+    with MathVerifier(num_workers=1, timeout_s=30.0, memory_mb=64) as v:
+        (worker,) = v._workers
+        assert v.score(bomb, "1") == 0.0
+        assert v.num_out_of_memory == 1 and v.num_timeouts == 0
+        assert "64 MB" in v.last_error
+        assert v.score(r"\boxed{2}", "2") == 1.0  # on the worker that replaced it
+        assert worker not in v._workers and not worker.process.is_alive()
 
 
 def test_math_reward_reads_task_answer(verifier, monkeypatch):
@@ -133,7 +181,11 @@ def test_closed_verifier_refuses_work():
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"num_workers": 0}, "num_workers=2"), ({"timeout_s": 0}, "timeout_s=5.0")],
+    [
+        ({"num_workers": 0}, "num_workers=2"),
+        ({"timeout_s": 0}, "timeout_s=5.0"),
+        ({"memory_mb": 8}, "memory_mb=1024"),
+    ],
 )
 def test_bad_settings_name_a_working_value(kwargs, message):
     with pytest.raises(ConfigError, match=message):

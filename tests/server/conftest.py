@@ -19,6 +19,7 @@ from openai import OpenAI
 
 from reinforge.models.tiny import builtin_path
 from reinforge.server import ServedModel, create_app, load_served_model
+from reinforge.server.limits import ServerLimits
 from reinforge.train.common import load_model, load_tokenizer, pad_batch, token_logprobs
 
 WEATHER_MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -27,12 +28,13 @@ HELLO_MESSAGES = [{"role": "user", "content": "Say hello."}]
 HELLO_REPLY = "Hello there, my friend. Nice day!"
 
 
-def start_server(served: ServedModel) -> Iterator[str]:
+def start_server(served: ServedModel, limits: ServerLimits | None = None) -> Iterator[str]:
     """Serve `served` on 127.0.0.1 (a free port bound here, so no race); yields the base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(served), log_level="warning"))
+    app = create_app(served, limits=limits)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

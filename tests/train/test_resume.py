@@ -1,5 +1,6 @@
 """Exact resume: a run stopped by SIGTERM and resumed logs the same metrics and ends with the
-same weights (or LoRA adapter) as a run that was never stopped."""
+same weights (or LoRA adapter) as a run that was never stopped; a damaged latest checkpoint is
+refused, or replaced by the previous intact one."""
 
 import json
 import os
@@ -9,6 +10,7 @@ import sys
 import time
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
 from reinforge.errors import ExitCode
@@ -81,3 +83,46 @@ def test_sigterm_then_resume_equals_uninterrupted(tmp_path, adapter):
     a = load_file(tmp_path / "straight" / "checkpoints" / "step_000008" / weights)
     b = load_file(run / "checkpoints" / "step_000008" / weights)
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+
+def test_a_damaged_latest_checkpoint_is_refused_or_replaced_by_the_previous_one(tmp_path):
+    # The latest checkpoint's weights get a flipped bit and its RNG file is cut short: a resume
+    # must not load them. With checkpoint.on_damaged=error it stops and names the choice; by
+    # default it resumes from the previous checkpoint and reproduces the lost steps exactly.
+    run = tmp_path / "damaged"
+    args = [
+        "train",
+        f"run.output_dir={tmp_path}",
+        "run.name=damaged",
+        "run.max_steps=4",
+        "sft.steps=0",
+        "checkpoint.every=2",
+        *TINY_RUN,
+    ]
+    first = cli(*args)
+    assert first.returncode == ExitCode.OK, first.stderr
+    root = run / "checkpoints"
+    assert (root / "latest").read_text() == "step_000004"
+    weights = root / "step_000004" / "model.safetensors"
+    original = {k: v.clone() for k, v in load_file(weights).items()}  # not the file's mmap
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    weights.write_bytes(bytes(data))
+    with open(root / "step_000004" / "rng.pt", "r+b") as f:
+        f.truncate(10)
+
+    refused = cli(*args, "checkpoint.on_damaged=error", "--resume", str(run))
+    assert refused.returncode == ExitCode.RUNTIME_FAILURE, refused.stderr
+    assert "checkpoint step_000004" in refused.stderr and "Traceback" not in refused.stderr
+    assert "model.safetensors: its bytes differ" in refused.stderr
+    assert "rng.pt: 10 bytes" in refused.stderr
+    assert "newest intact checkpoint is step_000002" in refused.stderr
+    assert "checkpoint.on_damaged=previous" in refused.stderr
+
+    resumed = cli(*args, "--resume", str(run))
+    assert resumed.returncode == ExitCode.OK, resumed.stderr
+    assert "resuming from step_000002" in resumed.stderr
+    assert (root / "damaged-step_000004" / "model.safetensors").exists()
+    again = load_file(root / "step_000004" / "model.safetensors")
+    assert again.keys() == original.keys()
+    assert all(torch.equal(again[k], original[k]) for k in original)

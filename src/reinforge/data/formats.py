@@ -3,8 +3,8 @@
 
 `read_records` yields `(row, record)` pairs. A record is a dict (one row as the file has it), a
 `Task` (from a generator that builds them), or a `BadRecord` when the row cannot even be parsed
-(a broken JSON line, a CSV row with the wrong number of fields): those are counted, not raised,
-so one bad line does not hide the rest. Row numbers are 1-based line numbers for JSONL
+(a broken JSON line, a line or CSV row that is not UTF-8, a CSV row with the wrong number of
+fields): those are counted, not raised, so one bad line does not hide the rest. Row numbers are 1-based line numbers for JSONL
 (`ROW_UNITS`) and 0-based row indices (as pandas and `datasets` number them) otherwise.
 """
 
@@ -34,6 +34,8 @@ SUFFIX_FORMATS = {
 ROW_UNITS = {"jsonl": "line"}  # every other format: "row"
 # "pkg.module:function" or "path/to/file.py:function"
 _GENERATOR_REF = re.compile(r"^(?:[A-Za-z_][\w.]*|.+\.py):[A-Za-z_][\w.]*$")
+_SURROGATE = re.compile("[\udc80-\udcff]")  # undecodable bytes under surrogateescape
+_ANY_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ def detect_format(path: str) -> str:
     if p.is_file():
         fmt = SUFFIX_FORMATS.get(p.suffix.lower())
         if fmt == "json":
-            with open(p, encoding="utf-8") as f:
+            with open(p, encoding="utf-8", errors="replace") as f:  # bad bytes: bad rows later
                 return "json" if f.read(4096).lstrip().startswith("[") else "jsonl"
         if fmt is not None:
             return fmt
@@ -93,8 +95,13 @@ def read_records(
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, Record]]:
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
+    with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is one bad row, not the file
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield line_no, _not_utf8(raw, e)
+                continue
             if not line.strip():
                 continue
             try:
@@ -102,15 +109,50 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, Record]]:
             except json.JSONDecodeError as e:
                 yield line_no, BadRecord("invalid JSON", str(e))
                 continue
+            except (ValueError, RecursionError) as e:  # a 5,000-digit number, deep nesting
+                yield line_no, BadRecord("invalid JSON", f"{type(e).__name__}: {str(e)[:200]}")
+                continue
+            if _has_lone_surrogate(record):
+                detail = "a \\u escape names a lone surrogate (half of a pair), which no text holds"
+                yield line_no, BadRecord("invalid unicode", detail)
+                continue
             yield line_no, record if isinstance(record, dict) else _not_a_record(record)
 
 
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether a decoded JSON value holds a surrogate code point: JSON decodes a valid pair to
+    one character, so any left is lone, and tokenizers (UTF-8 encoders) refuse it."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if _ANY_SURROGATE.search(node):
+                return True
+        elif isinstance(node, dict):
+            stack.extend(node)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
+def _not_utf8(raw: bytes, error: UnicodeDecodeError) -> BadRecord:
+    bad = raw[error.start : error.end].hex(" ")
+    return BadRecord("invalid UTF-8", f"byte(s) {bad} at byte {error.start + 1} of the line")
+
+
 def _read_json_array(path: Path) -> Iterator[tuple[int, Record]]:
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
         try:
-            records = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{SETTING}.path = {str(path)!r} is not valid JSON: {e}") from e
+            records = json.loads(f.read().decode("utf-8"))
+        except UnicodeDecodeError as e:  # one array: no row to blame, the file is the error
+            raise ConfigError(
+                f"{SETTING}.path = {str(path)!r} is not UTF-8 (byte {e.start}: "
+                f"{e.object[e.start : e.end].hex(' ')}); save it as UTF-8, or as JSON lines, "
+                "where each bad line is skipped and counted"
+            ) from None
+        except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
+            raise ConfigError(f"{SETTING}.path = {str(path)!r} is not valid JSON: {e}") from None
     if not isinstance(records, list):
         raise ConfigError(
             f"{SETTING}.path = {str(path)!r} holds a JSON {type(records).__name__}, not an array "
@@ -140,12 +182,18 @@ def _read_parquet(path: Path) -> Iterator[tuple[int, Record]]:
 
 def _read_csv(path: Path) -> Iterator[tuple[int, Record]]:
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
-    with open(path, encoding="utf-8", newline="") as f:
+    # surrogateescape: a byte that is not UTF-8 survives as a lone surrogate, found per row below
+    with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
         reader = csv.reader(f, delimiter=delimiter)
         header = next(reader, [])
+        if any(_SURROGATE.search(name) for name in header):
+            raise ConfigError(f"{SETTING}.path = {str(path)!r}: its header row is not UTF-8")
         rows = (fields for fields in reader if fields)  # blank lines are no rows, as in pandas
         for row, values in enumerate(rows):
-            if len(values) != len(header):
+            if any(_SURROGATE.search(value) for value in values):
+                detail = "a field holds bytes that are not UTF-8"
+                yield row, BadRecord("invalid UTF-8", detail)
+            elif len(values) != len(header):
                 detail = f"{len(values)} fields where the header has {len(header)}"
                 yield row, BadRecord("malformed CSV row", detail)
             else:

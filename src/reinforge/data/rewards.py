@@ -51,7 +51,13 @@ class RewardRouter:
     def __call__(self, completion: str, task: Task) -> float:
         source = task.info["data_source"]
         assert source in self.by_source, f"no reward resolved for data_source {source!r}"
-        return self.by_source[source](completion, task)
+        value = self.by_source[source](completion, task)
+        if isinstance(value, (bool, str, bytes)):  # float() would take True or "1.0" as 1.0
+            raise TypeError(
+                f"reward {self.names[source]!r} (data_source {source!r}) returned {value!r:.60} "
+                f"(a {type(value).__name__}); a reward returns a float"
+            )
+        return value
 
 
 def resolve_rewards(tasks: Sequence[Task], spec: DatasetSpec) -> RewardRouter:

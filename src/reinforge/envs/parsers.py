@@ -14,11 +14,20 @@ Parsers, chosen by name from `PARSERS` (`get_parser`):
 - "mistral": `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` (v3 tokenizers) or
   `[TOOL_CALLS]name[ARGS]{...}` repeated (v11+ tokenizers).
 Everywhere, `arguments` (or `parameters`) may also be a JSON string holding the object.
+
+Hostile text is a parse error too, never an exception: an integer of more than 4,000 digits
+(Python reads and writes at most 4,300), nesting deeper than `MAX_DEPTH` (the JSON decoder's
+recursion, and every tool's and template's walk over the arguments after it), a string holding a
+lone surrogate escape (`"\\ud800"`, which no UTF-8 encoder takes), and NaN / Infinity (not
+JSON; a client's decoder refuses them). So every `ToolCall` holds arguments that `json.dumps`
+and UTF-8 encoding accept.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +36,12 @@ from reinforge.errors import ConfigError
 
 _DECODER = json.JSONDecoder()
 _SNIPPET_CHARS = 200  # how much of a broken call a ParseError keeps
+MAX_DEPTH = 64  # nesting levels of a call's JSON; no tool schema describes deeper arguments
+_MAX_INT_DIGITS = (
+    4000  # under Python's int-string limit (4,300): a longer int cannot be written out
+)
+_MAX_INT_BITS = int(_MAX_INT_DIGITS * math.log2(10))
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -73,12 +88,12 @@ def parse_hermes(
             return ParsedOutput(_join(content), items)
         # Decode from the tag rather than slicing up to the first close tag: an argument string
         # may itself contain "</tool_call>" (code that prints it, say).
-        try:
-            obj, end = _DECODER.raw_decode(text, _skip_space(text, body))
-        except json.JSONDecodeError as e:
-            items.append(_error(f"invalid JSON ({e.msg})", text[body:close]))
+        decoded = decode_json(text, _skip_space(text, body))
+        if isinstance(decoded, str):
+            items.append(_error(f"invalid JSON ({decoded})", text[body:close]))
             pos = close + len(close_tag)
             continue
+        obj, end = decoded
         after = _skip_space(text, end)
         if text.startswith(close_tag, after):
             items.append(_to_call(obj, text[body:after]))
@@ -101,11 +116,11 @@ def parse_llama3_json(text: str) -> ParsedOutput:
     items: list[ToolCall | ParseError] = []
     pos = 0
     while pos < len(body):
-        try:
-            obj, end = _DECODER.raw_decode(body, pos)
-        except json.JSONDecodeError as e:
-            items.append(_error(f"invalid JSON ({e.msg})", body[pos:]))
+        decoded = decode_json(body, pos)
+        if isinstance(decoded, str):
+            items.append(_error(f"invalid JSON ({decoded})", body[pos:]))
             return ParsedOutput("", items)
+        obj, end = decoded
         items.append(_to_call(obj, body[pos:end]))
         pos = _skip_space(body, end)
         if body.startswith(";", pos):
@@ -128,20 +143,19 @@ def parse_mistral(text: str, marker: str = "[TOOL_CALLS]") -> ParsedOutput:
         if not sep:
             items.append(_error("missing [ARGS] after the tool name", segment))
             continue
-        try:
-            obj, _ = _DECODER.raw_decode(arguments, _skip_space(arguments, 0))
-        except json.JSONDecodeError as e:
-            items.append(_error(f"invalid JSON ({e.msg})", segment))
+        decoded = decode_json(arguments, _skip_space(arguments, 0))
+        if isinstance(decoded, str):
+            items.append(_error(f"invalid JSON ({decoded})", segment))
             continue
-        items.append(_to_call({"name": name.strip(), "arguments": obj}, segment))
+        items.append(_to_call({"name": name.strip(), "arguments": decoded[0]}, segment))
     return ParsedOutput(content, items)
 
 
 def _mistral_array(text: str) -> list[ToolCall | ParseError]:
-    try:
-        calls, _ = _DECODER.raw_decode(text)
-    except json.JSONDecodeError as e:
-        return [_error(f"invalid JSON ({e.msg})", text)]
+    decoded = decode_json(text, 0)
+    if isinstance(decoded, str):
+        return [_error(f"invalid JSON ({decoded})", text)]
+    calls = decoded[0]
     if not isinstance(calls, list):
         return [_error("[TOOL_CALLS] must be followed by a JSON array", text)]
     return [_to_call(call, json.dumps(call)) for call in calls]
@@ -172,13 +186,63 @@ def _to_call(obj: Any, source: str) -> ToolCall | ParseError:
         return _error('missing tool name ("name": a non-empty string)', source)
     arguments = obj.get("arguments", obj.get("parameters", {}))
     if isinstance(arguments, str):  # some models JSON-encode the arguments object
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as e:
-            return _error(f"arguments is a string but not valid JSON ({e.msg})", source)
+        loaded = load_json(arguments) if arguments.strip() else ({},)
+        if isinstance(loaded, str):
+            return _error(f"arguments is a string but not valid JSON ({loaded})", source)
+        (arguments,) = loaded
     if not isinstance(arguments, dict):
         return _error("arguments must be a JSON object", source)
     return ToolCall(name=name.strip(), arguments=arguments)
+
+
+def decode_json(text: str, pos: int) -> tuple[Any, int] | str:
+    """The JSON value that starts at `pos` and where it ends, or why it is no JSON that is safe
+    to pass on (a reason, never an exception: see the module docstring)."""
+    try:
+        value, end = _DECODER.raw_decode(text, pos)
+    except json.JSONDecodeError as e:
+        return e.msg
+    except ValueError:  # int() past sys.get_int_max_str_digits()
+        return "a number too long to read"
+    except RecursionError:
+        return f"nested deeper than {MAX_DEPTH} levels"
+    problem = json_problem(value)
+    return (value, end) if problem is None else problem
+
+
+def load_json(text: str) -> tuple[Any] | str:
+    """`json.loads` that never raises: (the value,) or why it is not safe JSON."""
+    decoded = decode_json(text, _skip_space(text, 0))
+    if isinstance(decoded, str):
+        return decoded
+    value, end = decoded
+    if _skip_space(text, end) < len(text):
+        return "Extra data"
+    return (value,)
+
+
+def json_problem(value: Any) -> str | None:
+    """What makes a JSON-like value unsafe to pass on, or None: nesting deeper than
+    `MAX_DEPTH`, a lone surrogate in a string or key, a non-finite number, an integer too long to
+    write as text. Walks without recursion, so any depth is safe to check."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, str):
+            if _SURROGATE.search(node):
+                return "a string holds a lone surrogate escape, not valid unicode"
+        elif isinstance(node, float):
+            if not math.isfinite(node):
+                return f"{node} is not a JSON number"
+        elif isinstance(node, int):
+            if node.bit_length() > _MAX_INT_BITS:
+                return f"an integer of more than {_MAX_INT_DIGITS} digits"
+        elif isinstance(node, (dict, list)):
+            if depth > MAX_DEPTH:
+                return f"nested deeper than {MAX_DEPTH} levels"
+            children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+    return None
 
 
 def _error(reason: str, source: str) -> ParseError:

@@ -8,7 +8,9 @@ Optional / `X | None`, unions; defaulted parameters are optional) and turning it
 `ConfigError` that says how to fix the function.
 
 `call_tool(registry, name, arguments)` is the boundary with the model: it never raises for what
-the model wrote. An unknown tool, missing / unknown / mistyped arguments, or a tool that raised
+the model wrote. An unknown tool, missing / unknown / mistyped arguments, arguments that are no
+safe JSON (`reinforge.envs.parsers.json_problem`: too deep, a lone surrogate, a number too long
+to write, NaN), or a tool that raised
 become a `ToolResult` whose text tells the model what went wrong, with a `status` the env counts.
 A tool returns text (anything else is JSON-encoded), or a `ToolOutput` to flag an error or a
 timeout along with its text.
@@ -21,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from reinforge.envs.parsers import json_problem, load_json
 from reinforge.errors import ConfigError
 from reinforge.faults import site
 
@@ -126,10 +129,13 @@ def validate_arguments(
 ) -> tuple[dict[str, Any], list[str]]:
     """Check arguments against a tool's `parameters` schema: (cleaned kwargs, problems)."""
     if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except json.JSONDecodeError as e:
-            return {}, [f"arguments are not valid JSON ({e.msg})"]
+        loaded = load_json(arguments) if arguments.strip() else ({},)
+        if isinstance(loaded, str):
+            return {}, [f"arguments are not valid JSON ({loaded})"]
+        (arguments,) = loaded
+    problem = json_problem(arguments)  # arguments built in Python may hold anything
+    if problem is not None:
+        return {}, [f"arguments are not valid JSON ({problem})"]
     if not isinstance(arguments, dict):
         return {}, [f"arguments must be a JSON object, got {_json_type(arguments)}"]
     properties = parameters.get("properties", {})

@@ -8,9 +8,22 @@ else from the last expression in the text: math-verify's own extraction does thi
 Why processes: sympy can run for minutes on a model's answer (`9^{9^{9^{9}}}`, `(10^{8})!`), and
 math-verify's own timeout is `signal.alarm`, which works only on the main thread and cannot
 interrupt C code. So `MathVerifier` keeps a small pool of worker processes; an answer that runs
-past `timeout_s` has its worker killed and replaced, scores 0.0 and counts one timeout. The
-caller never stalls for longer than the timeout, and the other items of a batch keep scoring on
-the other workers.
+past `timeout_s` has its worker killed and replaced, scores 0.0 and counts one timeout.
+
+Callers share the pool without taking turns: every call, from any thread, takes whichever
+workers are free, so concurrent callers check in parallel (as many at once as there are
+workers: one per core, up to 8, by default), and an item never waits behind another caller's
+slow item while a worker is free. An item's clock starts when a worker takes it (time queued is
+not held against it): with a free worker, a call from any thread returns within `timeout_s` plus
+the pipe's overhead; with more concurrent items than workers, the extra ones queue for the next
+free worker. A killed worker's replacement starts at once, in the background.
+
+Memory: on Linux each worker's address space is capped (RLIMIT_AS) at what it holds after
+importing math-verify plus `memory_mb`, so an answer that makes sympy allocate without end fails
+its allocations instead of swapping the machine. An item during which the worker reached three
+quarters of `memory_mb` (math-verify swallows the MemoryError it causes) scores 0.0, counts in
+`num_out_of_memory`, and the worker is replaced. Elsewhere (macOS, Windows) the workers run
+without a memory cap, and the first start says so.
 
 Workers start with the 'spawn' method (safe beside torch and CUDA, and the only one on Windows),
 so a script that builds a verifier needs the usual `if __name__ == "__main__":` guard. The
@@ -22,7 +35,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
-import signal
+import os
+import sys
 import threading
 import time
 import weakref
@@ -33,117 +47,86 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
 from reinforge.errors import ConfigError
+from reinforge.rewards.math_worker import worker_main
 from reinforge.types import Task
 
 log = logging.getLogger(__name__)
 
 _STARTUP_TIMEOUT_S = 120.0  # importing sympy on a loaded machine; far past this, something broke
 _MAX_FAILED_STARTS = 3  # in a row: one killed starting worker is bad luck, several are a bug
-
-
-# ---- the worker side: runs in a child process --------------------------------------------------
-
-
-def _check(completion: str, answer: str) -> bool:
-    """Whether the completion's final answer equals `answer`. No timeout of its own: call it only
-    inside a worker that the parent can kill."""
-    from math_verify import (  # type: ignore[import-untyped]
-        ExprExtractionConfig,
-        LatexExtractionConfig,
-        parse,
-        verify,
-    )
-
-    # A bare ground truth is boxed so that LaTeX like `\sqrt{2}` or `\{1,2\}` parses whole.
-    gold_text = answer if ("\\boxed" in answer or "$" in answer) else f"\\boxed{{{answer}}}"
-    gold = parse(gold_text, parsing_timeout=None)
-    if not gold:
-        raise ValueError(f"math-verify cannot parse the ground-truth answer {answer!r}")
-    pred_config = [LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig()]
-    pred = parse(completion, extraction_config=pred_config, parsing_timeout=None)
-    return bool(pred) and verify(gold, pred, timeout_seconds=None)
-
-
-def _worker_main(conn: Connection) -> None:
-    # Ctrl-C belongs to the parent, which kills its workers on close.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Disabling math-verify's signal timeout logs a warning; here the parent's kill is the timeout.
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
-    try:
-        _check("$1$", "1")  # import and warm up now, so no item's clock pays for it
-    except ImportError as e:
-        conn.send(("failed", f"{e}; install it with: pip install 'math-verify>=0.7'"))
-        return
-    conn.send(("ready", None))
-    while True:
-        try:
-            item = conn.recv()
-        except EOFError:  # the parent is gone
-            return
-        if item is None:
-            return
-        # Model output is arbitrary text and sympy raises anything on some of it; such an item is
-        # an error to count, not a reason to lose the worker.
-        try:
-            conn.send(("ok", _check(*item)))
-        except Exception as e:
-            conn.send(("error", f"{type(e).__name__}: {e}"))
+_POLL_S = 0.02  # how often a call with items still queued looks for a worker another call freed
+_said_no_memory_limit = False
 
 
 # ---- the parent side ----------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)
 class _Worker:
     process: BaseProcess
     conn: Connection
-    deadline: float  # startup deadline until ready, then the running item's deadline
-    is_ready: bool = False
-    job: int | None = None  # index in the current batch of the item being checked
 
 
-def _stop_worker(worker: _Worker, graceful: bool) -> None:
-    if graceful and worker.is_ready and worker.job is None:
-        # An idle worker may have died on its own (the OOM killer); then there is no one to tell.
-        with contextlib.suppress(OSError):
-            worker.conn.send(None)
-            worker.process.join(timeout=1.0)
+def _stop_worker(worker: _Worker) -> None:
     if worker.process.is_alive():
         worker.process.kill()
         worker.process.join()
     worker.conn.close()
 
 
-def _stop_all(workers: list[_Worker]) -> None:
+def _stop_all(workers: list[_Worker], idle: deque[_Worker]) -> None:
+    """Idle workers are asked to exit (and given a second together); the rest are killed."""
+    for worker in idle:
+        # An idle worker may have died on its own (the OOM killer); then there is no one to tell.
+        with contextlib.suppress(OSError):
+            worker.conn.send(None)
+    deadline = time.monotonic() + 1.0
     for worker in workers:
-        _stop_worker(worker, graceful=True)
+        if worker in idle:
+            worker.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        _stop_worker(worker)
     workers.clear()
+    idle.clear()
 
 
 class MathVerifier:
     """A pool of math-verify worker processes with a per-item wall-clock timeout.
 
     Counters (cumulative): `num_checked` items scored, `num_timeouts` items that ran past
-    `timeout_s` (scored 0.0), `num_errors` items math-verify raised on or whose ground truth did
-    not parse (scored 0.0; the latest message is in `last_error`). Thread-safe: concurrent
-    callers take turns. Use as a context manager, or call `close()`.
+    `timeout_s`, `num_out_of_memory` items that hit the workers' memory limit, `num_errors`
+    items math-verify raised on or whose ground truth did not parse (all scored 0.0; the latest
+    message is in `last_error`). Thread-safe, and concurrent calls run in parallel across the
+    workers. Use as a context manager, or call `close()`.
     """
 
-    def __init__(self, num_workers: int = 2, timeout_s: float = 5.0):
+    def __init__(
+        self, num_workers: int | None = None, timeout_s: float = 5.0, memory_mb: int = 1024
+    ):
+        if num_workers is None:  # a worker per core, up to 8 (each holds sympy, ~60 MB)
+            num_workers = min(8, os.cpu_count() or 2)
         if num_workers < 1:
             raise ConfigError(f"num_workers must be >= 1, got {num_workers}; try num_workers=2")
         if not timeout_s > 0:
             raise ConfigError(f"timeout_s must be > 0, got {timeout_s}; try timeout_s=5.0")
+        if memory_mb < 16:
+            raise ConfigError(f"memory_mb must be >= 16, got {memory_mb}; try memory_mb=1024")
         self.timeout_s = float(timeout_s)
+        self.memory_mb = int(memory_mb)
         self.num_checked = 0
         self.num_timeouts = 0
+        self.num_out_of_memory = 0
         self.num_errors = 0
         self.last_error: str | None = None
         self._num_failed_starts = 0
+        self._failure: Exception | None = None  # why the pool cannot work, for every caller
         self._ctx = multiprocessing.get_context("spawn")
-        self._lock = threading.Lock()
-        self._workers = [self._start_worker() for _ in range(num_workers)]
-        self._finalizer = weakref.finalize(self, _stop_all, self._workers)
+        self._cond = threading.Condition()
+        self._workers: list[_Worker] = []  # every live worker: starting, idle or busy
+        self._idle: deque[_Worker] = deque()  # started and free
+        self._finalizer = weakref.finalize(self, _stop_all, self._workers, self._idle)
+        with self._cond:
+            for _ in range(num_workers):
+                self._start_worker()
 
     def __enter__(self) -> MathVerifier:
         return self
@@ -152,8 +135,9 @@ class MathVerifier:
         self.close()
 
     def close(self) -> None:
-        with self._lock:
+        with self._cond:
             self._finalizer()
+            self._cond.notify_all()
 
     @property
     def is_closed(self) -> bool:
@@ -163,110 +147,201 @@ class MathVerifier:
         return {
             "num_checked": self.num_checked,
             "num_timeouts": self.num_timeouts,
+            "num_out_of_memory": self.num_out_of_memory,
             "num_errors": self.num_errors,
         }
+
+    def wait_until_ready(self, timeout_s: float = _STARTUP_TIMEOUT_S) -> None:
+        """Block until every worker has started (benchmarks and tests time the checks alone)."""
+        with self._cond:
+            is_ready = self._cond.wait_for(
+                lambda: self._failure is not None or len(self._idle) == len(self._workers),
+                timeout_s,
+            )
+            self._raise_if_unusable()
+            if not is_ready:
+                raise TimeoutError(f"math-verify workers did not start within {timeout_s} s")
 
     def score(self, completion: str, answer: str) -> float:
         """1.0 if the completion's final answer equals `answer`, else 0.0."""
         return self.score_batch([(completion, answer)])[0]
 
     def score_batch(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
-        """Score (completion, answer) pairs concurrently across the workers, in input order."""
-        with self._lock:
-            if self.is_closed:
-                raise RuntimeError("this MathVerifier is closed; create a new one")
-            for worker in list(self._workers):
-                if worker.job is not None:  # left busy by an interrupted batch: its reply is stale
+        """Score (completion, answer) pairs concurrently across the free workers, in input
+        order."""
+        rewards = [0.0] * len(pairs)
+        todo = deque(range(len(pairs)))
+        running: dict[_Worker, tuple[int, float]] = {}  # worker -> (item, its deadline)
+        try:
+            while todo or running:
+                self._dispatch(todo, running, pairs)
+                self._collect(running, rewards, is_queued=bool(todo))
+        except BaseException:  # an interrupted call: its busy workers' replies would be stale
+            with self._cond:
+                for worker in running:
                     self._replace(worker)
-            rewards = [0.0] * len(pairs)
-            todo = deque(range(len(pairs)))
-            while todo or any(w.job is not None for w in self._workers):
-                self._dispatch(todo, pairs)
-                self._collect(rewards)
+            raise
+        with self._cond:
             self.num_checked += len(pairs)
-            return rewards
+        return rewards
 
-    def _start_worker(self) -> _Worker:
+    # ---- taking, returning and replacing workers (under self._cond)
+
+    def _raise_if_unusable(self) -> None:
+        if self.is_closed:
+            raise RuntimeError("this MathVerifier is closed; create a new one")
+        if self._failure is not None:
+            raise self._failure
+
+    def _start_worker(self) -> None:
         parent_conn, child_conn = self._ctx.Pipe()
         process = self._ctx.Process(
-            target=_worker_main, args=(child_conn,), name="reinforge-math-verify", daemon=True
+            target=worker_main,
+            args=(child_conn, self.memory_mb),
+            name="reinforge-math-verify",
+            daemon=True,
         )
         process.start()
         child_conn.close()  # the child holds its end; closing ours lets recv() see its death
-        return _Worker(process, parent_conn, deadline=time.monotonic() + _STARTUP_TIMEOUT_S)
+        worker = _Worker(process, parent_conn)
+        self._workers.append(worker)
+        threading.Thread(
+            target=self._await_start, args=(worker,), name="math-verify-start", daemon=True
+        ).start()
 
     def _replace(self, worker: _Worker) -> None:
-        _stop_worker(worker, graceful=False)
-        self._workers[self._workers.index(worker)] = self._start_worker()
+        if worker not in self._workers:  # the verifier was closed meanwhile
+            return
+        self._workers.remove(worker)
+        _stop_worker(worker)
+        self._start_worker()
 
-    def _dispatch(self, todo: deque[int], pairs: Sequence[tuple[str, str]]) -> None:
-        for worker in list(self._workers):
-            if todo and worker.is_ready and worker.job is None:
-                job = todo.popleft()
-                try:
-                    worker.conn.send(tuple(pairs[job]))
-                except OSError:  # an idle worker died on its own; its replacement takes the item
-                    todo.appendleft(job)
+    def _release(self, worker: _Worker) -> None:
+        with self._cond:  # a re-entrant lock: callers may hold it already
+            if worker in self._workers:
+                self._idle.append(worker)
+                self._cond.notify_all()
+
+    def _await_start(self, worker: _Worker) -> None:
+        """In a thread per starting worker: wait for its 'ready', then offer it to callers."""
+        try:
+            has_news = worker.conn.poll(_STARTUP_TIMEOUT_S)
+            kind, value = worker.conn.recv() if has_news else ("slow", None)
+        except (EOFError, OSError):  # it died starting, or the verifier closed it
+            kind, value = "died", None
+        with self._cond:
+            if worker not in self._workers:
+                return
+            if kind == "ready":
+                self._num_failed_starts = 0
+                self._idle.append(worker)
+                global _said_no_memory_limit
+                if not value and not _said_no_memory_limit:
+                    _said_no_memory_limit = True
+                    log.warning(
+                        "math-verify workers run without a memory limit on %s (Linux only)",
+                        sys.platform,
+                    )
+            elif kind == "failed":
+                self._failure = ConfigError(f"math rewards need math-verify: {value}")
+            elif kind == "slow":
+                self._failure = RuntimeError(
+                    f"a math-verify worker did not start within {_STARTUP_TIMEOUT_S:.0f} s"
+                )
+            else:
+                self._num_failed_starts += 1
+                if self._num_failed_starts > _MAX_FAILED_STARTS:
+                    code = worker.process.exitcode
+                    self._failure = RuntimeError(
+                        f"math-verify workers keep exiting while starting (last exit code {code})"
+                    )
+                else:
                     self._replace(worker)
-                    continue
-                worker.job, worker.deadline = job, time.monotonic() + self.timeout_s
+            self._cond.notify_all()
 
-    def _collect(self, rewards: list[float]) -> None:
-        """Wait for the next reply, startup or deadline, and act on whatever happened."""
-        waiting = [w for w in self._workers if w.job is not None or not w.is_ready]
-        assert waiting, "nothing to wait for while items remain"
-        next_deadline = min(w.deadline for w in waiting)
-        wait([w.conn for w in waiting], timeout=max(0.0, next_deadline - time.monotonic()))
-        for worker in waiting:
-            if worker.conn.poll():
-                self._receive(worker, rewards)
-            elif time.monotonic() >= worker.deadline:
-                self._expire(worker)
+    # ---- one call's items
 
-    def _receive(self, worker: _Worker, rewards: list[float]) -> None:
+    def _dispatch(
+        self, todo: deque[int], running: dict[_Worker, tuple[int, float]], pairs: Sequence
+    ) -> None:
+        """Hand queued items to free workers; block for one only when this call has nothing
+        running."""
+        if not todo:
+            return
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self.is_closed or self._failure is not None or self._idle or running
+            )
+            self._raise_if_unusable()
+            taken = [
+                (self._idle.popleft(), todo.popleft())
+                for _ in range(min(len(self._idle), len(todo)))
+            ]
+        for worker, item in taken:
+            if self._send(worker, pairs[item]):
+                running[worker] = (item, time.monotonic() + self.timeout_s)
+            else:
+                todo.appendleft(item)
+
+    def _send(self, worker: _Worker, pair: tuple[str, str]) -> bool:
+        """Give a free worker an item; False (and the worker replaced) when it died while idle
+        (the OOM killer), so its successor takes the item."""
+        with contextlib.suppress(OSError):
+            if worker.process.is_alive():
+                worker.conn.send(tuple(pair))
+                return True
+        with self._cond:
+            self._replace(worker)
+        return False
+
+    def _collect(
+        self, running: dict[_Worker, tuple[int, float]], rewards: list[float], is_queued: bool
+    ) -> None:
+        """Wait for a reply or the first deadline among this call's running items (briefly,
+        when items wait for a worker that another call may free), and act on what happened."""
+        if not running:
+            return
+        timeout = max(0.0, min(d for _, d in running.values()) - time.monotonic())
+        try:
+            wait([w.conn for w in running], timeout=min(timeout, _POLL_S) if is_queued else timeout)
+            now = time.monotonic()
+            for worker, (item, deadline) in list(running.items()):
+                if worker.conn.poll():
+                    del running[worker]
+                    self._receive(worker, item, rewards)
+                elif now >= deadline:
+                    del running[worker]
+                    with self._cond:
+                        self.num_timeouts += 1
+                        self._replace(worker)
+        except OSError:  # close() from another thread closed the pipes
+            with self._cond:
+                self._raise_if_unusable()
+            raise
+
+    def _receive(self, worker: _Worker, item: int, rewards: list[float]) -> None:
         try:
             kind, value = worker.conn.recv()
-        except EOFError:  # the worker died (out of memory, a crash in C code)
-            self._bury(worker)
-            return
-        if kind == "failed":
-            raise ConfigError(f"math rewards need math-verify: {value}")
-        if kind == "ready":
-            worker.is_ready = True
-            self._num_failed_starts = 0
-            return
-        assert worker.job is not None, f"reply {kind!r} from an idle worker"
+        except EOFError:  # the worker died (killed from outside, a crash in C code)
+            kind, value = "died", f"the worker checking item {item} died"
         if kind == "ok":
-            rewards[worker.job] = 1.0 if value else 0.0
-        else:
-            self._count_error(value)
-        worker.job = None
-
-    def _bury(self, worker: _Worker) -> None:
-        if worker.is_ready:
-            self._count_error(f"the worker checking item {worker.job} died")
-        else:
-            self._num_failed_starts += 1
-            if self._num_failed_starts > _MAX_FAILED_STARTS:
-                code = worker.process.exitcode
-                raise RuntimeError(
-                    f"math-verify workers keep exiting while starting (last exit code {code})"
-                )
-        self._replace(worker)
-
-    def _expire(self, worker: _Worker) -> None:
-        if not worker.is_ready:
-            raise RuntimeError(
-                f"a math-verify worker did not start within {_STARTUP_TIMEOUT_S:.0f} s"
-            )
-        self.num_timeouts += 1
-        self._replace(worker)
-
-    def _count_error(self, message: str) -> None:
-        if self.num_errors == 0:
-            log.warning("math-verify error (scored 0.0; later ones are only counted): %s", message)
-        self.num_errors += 1
-        self.last_error = message
+            rewards[item] = 1.0 if value else 0.0
+            self._release(worker)
+            return
+        with self._cond:
+            self.last_error = value
+            if kind == "memory":
+                self.num_out_of_memory += 1
+            else:
+                if self.num_errors == 0:
+                    log.warning(
+                        "math-verify error (scored 0.0; later ones only counted): %s", value
+                    )
+                self.num_errors += 1
+            if kind == "error":
+                self._release(worker)
+            else:
+                self._replace(worker)
 
 
 _default: MathVerifier | None = None

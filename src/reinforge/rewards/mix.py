@@ -98,7 +98,8 @@ class RewardMix:
             value = fn(completion, task)
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise TypeError(
-                    f"reward {spec.name!r} returned {value!r}; a reward returns a float"
+                    f"reward {spec.name!r} returned {value!r:.60} (a {type(value).__name__}); "
+                    "a reward returns a float"
                 )
             if not math.isfinite(value):
                 raise ValueError(f"reward {spec.name!r} returned {value}; a reward must be finite")

@@ -2,9 +2,11 @@
 request (never a traceback, never FastAPI's own `{"detail": ...}`).
 
 Invalid requests answer 400 (including malformed JSON and values out of range), an unknown
-model 404 with code "model_not_found", unknown routes 404, anything unexpected 500 with the
-error logged here. Generation runs in a worker thread, one request at a time (the model's lock),
-so `/v1/models` and `/health` answer while a long request runs. Streams are sent once the
+model 404 with code "model_not_found", unknown routes 404, a body past the size limit 413
+(`reinforge.server.limits`), anything unexpected 500 with the error logged here. The event loop
+only reads bodies: parsing, chat rendering, tokenizing, generation (one request at a time, the
+model's lock) and building the response run in a worker thread, so `/v1/models` and `/health`
+answer while any request runs. Streams are sent once the
 completions are done: the engine returns whole completions, so a stream is the same result cut
 into per-token chunks, ending with `data: [DONE]`.
 """
@@ -15,12 +17,15 @@ import json
 import logging
 import secrets
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from reinforge.engine.base import SamplingParams
-from reinforge.envs.parsers import get_parser
+from reinforge.envs.parsers import Parser, get_parser
 from reinforge.errors import ConfigError
 from reinforge.server.backend import ServedModel, load_served_model
+from reinforge.server.limits import BodyLimit, ServerLimits, join_body, read_body
 from reinforge.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -49,16 +54,22 @@ except ImportError as e:  # an optional extra: say how to install it
     ) from e
 
 log = logging.getLogger("reinforge.server")
+BodyT = TypeVar("BodyT", bound=BaseModel)
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # as OpenAI's /v1/completions; chat fills the context
 
 
-def create_app(served: ServedModel, tool_parser: str = "auto") -> FastAPI:
+def create_app(
+    served: ServedModel, tool_parser: str = "auto", limits: ServerLimits | None = None
+) -> FastAPI:
     """The FastAPI app serving `served`. `tool_parser` names a parser in
-    `reinforge.envs.parsers.PARSERS`; 'auto' reads the chat template's tool-call markers."""
+    `reinforge.envs.parsers.PARSERS`; 'auto' reads the chat template's tool-call markers.
+    `limits`: what one request may ask (`ServerLimits`' defaults when None)."""
     parser = get_parser(
         tool_parser if tool_parser != "auto" else default_tool_parser(served.tokenizer)
     )
+    limits = limits or ServerLimits()
     app = FastAPI(title="reinforge", summary=f"OpenAI-compatible server for {served.name}")
+    app.add_middleware(BodyLimit, max_bytes=limits.max_request_bytes)
     _add_error_handlers(app)
 
     @app.get("/health")
@@ -75,66 +86,90 @@ def create_app(served: ServedModel, tool_parser: str = "auto") -> FastAPI:
         return _model_card(served)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: ChatCompletionRequest):
-        _check_model(served, request.model)
-        tools = [t.model_dump(exclude_none=True) for t in request.tools or []] or None
-        prompt = served.render_chat([m.to_template() for m in request.messages], tools)
-        served.check_prompt(prompt, "messages")
-        param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
-        max_tokens = request.max_completion_tokens or request.max_tokens
-        params = sampling_params(request, served.max_new_tokens(prompt, max_tokens, param))
-        num_top = (request.top_logprobs or 0) if request.logprobs else 0
-        [outputs] = await run_in_threadpool(served.generate, [prompt], params, num_top)
-        header = Header.new("chatcmpl", served.name)
-        chosen_parser = parser if request.should_parse_tools else None
-        with_logprobs = bool(request.logprobs)
-        if request.stream:
-            include_usage = bool(request.stream_options and request.stream_options.include_usage)
-            return _sse(
-                chat_chunks(
-                    header,
-                    outputs,
-                    len(prompt),
-                    served.tokenizer,
-                    chosen_parser,
-                    with_logprobs,
-                    include_usage,
-                )
-            )
-        return chat_response(
-            header, outputs, len(prompt), served.tokenizer, chosen_parser, with_logprobs
-        )
+    async def chat_completions(request: Request):
+        body = await read_body(request)  # whole and within the size limit (BodyLimit)
+        return await run_in_threadpool(answer_chat, served, parser, limits, body)
 
     @app.post("/v1/completions")
-    async def completions(request: CompletionRequest):
-        _check_model(served, request.model)
-        prompts = [served.encode(p) if isinstance(p, str) else list(p) for p in request.prompts]
-        max_tokens = request.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
-        for prompt in prompts:
-            served.check_prompt(prompt, "prompt")
-            served.max_new_tokens(prompt, max_tokens, "max_tokens")
-        params = sampling_params(request, max_tokens)
-        groups = await run_in_threadpool(served.generate, prompts, params, request.logprobs or 0)
-        outputs = [g for group in groups for g in group]  # choice index = prompt * n + sample
-        header = Header.new("cmpl", served.name)
-        num_prompt_tokens = sum(map(len, prompts))
-        if request.stream:
-            include_usage = bool(request.stream_options and request.stream_options.include_usage)
-            return _sse(
-                completion_chunks(
-                    header,
-                    outputs,
-                    num_prompt_tokens,
-                    served.tokenizer,
-                    request.logprobs,
-                    include_usage,
-                )
-            )
-        return completion_response(
-            header, outputs, num_prompt_tokens, served.tokenizer, request.logprobs
-        )
+    async def completions(request: Request):
+        body = await read_body(request)
+        return await run_in_threadpool(answer_completion, served, limits, body)
 
     return app
+
+
+def answer_chat(served: ServedModel, parser: Parser, limits: ServerLimits, body: list[bytes]):
+    """One /v1/chat/completions request, start to end, in a worker thread."""
+    request = parse_body(ChatCompletionRequest, join_body(body))
+    _check_model(served, request.model)
+    limits.check_completions(1, request.n or 1)
+    served.check_text(sum(len(m.content or "") for m in request.messages), "messages")
+    tools = [t.model_dump(exclude_none=True) for t in request.tools or []] or None
+    prompt = served.render_chat([m.to_template() for m in request.messages], tools)
+    served.check_prompt(prompt, "messages")
+    param = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
+    max_tokens = request.max_completion_tokens or request.max_tokens
+    params = sampling_params(request, served.max_new_tokens(prompt, max_tokens, param))
+    num_top = (request.top_logprobs or 0) if request.logprobs else 0
+    [outputs] = served.generate([prompt], params, num_top)
+    header = Header.new("chatcmpl", served.name)
+    chosen_parser = parser if request.should_parse_tools else None
+    with_logprobs = bool(request.logprobs)
+    if request.stream:
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        chunks = chat_chunks(
+            header,
+            outputs,
+            len(prompt),
+            served.tokenizer,
+            chosen_parser,
+            with_logprobs,
+            include_usage,
+        )
+        return _sse(chunks)
+    return chat_response(
+        header, outputs, len(prompt), served.tokenizer, chosen_parser, with_logprobs
+    )
+
+
+def answer_completion(served: ServedModel, limits: ServerLimits, body: list[bytes]):
+    """One /v1/completions request, start to end, in a worker thread."""
+    request = parse_body(CompletionRequest, join_body(body))
+    _check_model(served, request.model)
+    limits.check_completions(len(request.prompts), request.n or 1)
+    for p in request.prompts:
+        if isinstance(p, str):
+            served.check_text(len(p), "prompt")
+    prompts = [served.encode(p) if isinstance(p, str) else list(p) for p in request.prompts]
+    max_tokens = request.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
+    for prompt in prompts:
+        served.check_prompt(prompt, "prompt")
+        served.max_new_tokens(prompt, max_tokens, "max_tokens")
+    params = sampling_params(request, max_tokens)
+    groups = served.generate(prompts, params, request.logprobs or 0)
+    outputs = [g for group in groups for g in group]  # choice index = prompt * n + sample
+    header = Header.new("cmpl", served.name)
+    num_prompt_tokens = sum(map(len, prompts))
+    if request.stream:
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        chunks = completion_chunks(
+            header, outputs, num_prompt_tokens, served.tokenizer, request.logprobs, include_usage
+        )
+        return _sse(chunks)
+    return completion_response(
+        header, outputs, num_prompt_tokens, served.tokenizer, request.logprobs
+    )
+
+
+def parse_body(model: type[BodyT], body: bytes) -> BodyT:
+    """The request body validated as `model`; pydantic's errors become the 400 FastAPI's own
+    validation gives (`validation_message`)."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        errors = e.errors(include_url=False, include_input=False)
+        located = [{**err, "loc": ("body", *err["loc"])} for err in errors]
+        raise RequestValidationError(located) from None
 
 
 def serve(
@@ -149,6 +184,7 @@ def serve(
     tool_parser: str = "auto",
     max_model_len: int | None = None,
     log_level: str = "info",
+    limits: ServerLimits | None = None,
 ) -> None:
     """Load `model_path` and serve it over HTTP until interrupted (`reinforge serve MODEL`)."""
     import uvicorn
@@ -171,7 +207,8 @@ def serve(
         host,
         port,
     )
-    uvicorn.run(create_app(served, tool_parser), host=host, port=port, log_level=log_level)
+    app = create_app(served, tool_parser, limits)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)
 
 
 def default_tool_parser(tokenizer) -> str:

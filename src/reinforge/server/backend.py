@@ -1,7 +1,8 @@
 """One model behind one engine, as the HTTP layer uses it: prompts in, visible outputs out.
 
 `ServedModel.generate` is blocking and serialised by a lock (the engine holds one KV pool and
-one model); the app calls it from a worker thread so the event loop keeps answering. It turns
+one model); the app calls it, and every other step of a request (parsing, rendering,
+tokenizing), from a worker thread so the event loop keeps answering. It turns
 the engine's completions into what a client sees: text pieces per token, OpenAI's stop-string
 cut, the terminating stop token dropped, and on request the top alternatives per token.
 """
@@ -18,6 +19,7 @@ from reinforge.engine.base import Engine, SamplingParams
 from reinforge.engine.factory import ENGINES, build_engine
 from reinforge.errors import ConfigError
 from reinforge.server.detokenize import cut_at_stop, token_pieces
+from reinforge.server.limits import check_text_fits, max_token_chars
 from reinforge.server.protocol import RequestError
 from reinforge.types import Completion
 
@@ -49,6 +51,7 @@ class ServedModel:
         self.max_model_len = max_model_len
         self.vocab_size = model.config.vocab_size
         self.stop_token_ids = _stop_token_ids(model, tokenizer)
+        self.max_token_chars = max_token_chars(tokenizer)
         self._lock = threading.Lock()
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
@@ -64,6 +67,10 @@ class ServedModel:
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text))
+
+    def check_text(self, num_chars: int, param: str) -> None:
+        """Refuse, before tokenizing, a text that cannot fit the context whatever its tokens."""
+        check_text_fits(num_chars, self.max_token_chars, self.max_model_len, param)
 
     def check_prompt(self, ids: list[int], param: str) -> None:
         if not ids:
