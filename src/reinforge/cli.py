@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"reinforge {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in [
         ("train", "SFT stage (optional) then RL"),
@@ -75,6 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir", metavar="RUN_DIR")
     cli_models.add_parsers(sub)  # eval, export, serve
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("reinforge")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -307,8 +317,9 @@ def print_summary(s) -> None:
     table.add_row("steps trained", f"{s.steps_trained} (now at step {s.final_step})")
     if s.sft_eval_before is not None:
         table.add_row("held-out accuracy before SFT", pct(s.sft_eval_before))
-    table.add_row("held-out accuracy before", pct(s.eval_before))
-    table.add_row("held-out accuracy after", pct(s.eval_after))
+    stage = "RL" if s.command == "train" else "SFT"
+    table.add_row(f"held-out accuracy before {stage}", pct(s.eval_before))
+    table.add_row(f"held-out accuracy after {stage}", pct(s.eval_after))
     table.add_row("wall time", f"{s.wall_s:.0f} s")
     failures = ", ".join(f"{k} {v:g}" for k, v in sorted(s.counters.items()) if v)
     table.add_row("failures counted", failures or "none")
