@@ -29,7 +29,12 @@ def build_parser() -> argparse.ArgumentParser:
         ("sft", "supervised fine-tuning"),
     ]:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("config", nargs="?", help="TOML config (omit for all defaults)")
+        p.add_argument(
+            "config",
+            nargs="?",
+            help="TOML config, e.g. configs/quickstart.toml (omit with --resume, or give "
+            "section.key=value settings to start from the defaults)",
+        )
         p.add_argument(
             "overrides",
             nargs="*",
@@ -44,7 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--resume",
             metavar="RUN_DIR",
-            help="continue the run in RUN_DIR from its latest checkpoint",
+            help="continue the run in RUN_DIR from its latest checkpoint, with its saved "
+            "settings (RUN_DIR/config.toml); a config or overrides that change them are refused",
+        )
+        p.add_argument(
+            "--allow-changes",
+            action="store_true",
+            help="with --resume: continue with the changed settings given (each is listed in "
+            "the log and the summary)",
         )
     docs = sub.add_parser(
         "config-docs", help="print the config reference (Markdown) generated from the field docs"
@@ -146,6 +158,14 @@ def run_checkup(args) -> int:
     return report.exit_code
 
 
+NO_CONFIG = (
+    "reinforge {command} needs a config: e.g. `reinforge {command} configs/quickstart.toml` (the "
+    "built-in demo, minutes on a CPU); continue a run with `reinforge {command} --resume "
+    "RUN_DIR`; to start from the built-in defaults on purpose, give the settings you mean as "
+    "section.key=value (e.g. `reinforge {command} model.path=Qwen/Qwen2.5-0.5B-Instruct`)"
+)
+
+
 def run_command(args) -> int:
     from reinforge.config import ROOTS, load_config
 
@@ -154,10 +174,27 @@ def run_command(args) -> int:
     if config_path and "=" in config_path and not Path(config_path).exists():
         overrides.insert(0, config_path)
         config_path = None
-    cfg = load_config(ROOTS[args.command], config_path, overrides)
+    args.config_changes = []
     if args.resume:
-        resume_dir = Path(args.resume)
-        cfg.run.output_dir, cfg.run.name = str(resume_dir.parent), resume_dir.name
+        from reinforge.resume_config import resume_config
+
+        cfg, args.config_changes = resume_config(
+            args.command,
+            ROOTS[args.command],
+            Path(args.resume),
+            config_path,
+            overrides,
+            args.allow_changes,
+        )
+    else:
+        if args.allow_changes:
+            raise ConfigError(
+                "--allow-changes goes with --resume RUN_DIR (a new run has no "
+                "earlier settings to change)"
+            )
+        if config_path is None and not overrides and not args.dry_run:
+            raise ConfigError(NO_CONFIG.format(command=args.command))
+        cfg = load_config(ROOTS[args.command], config_path, overrides)
 
     from reinforge import distributed
     from reinforge.preflight import run_preflight
@@ -184,6 +221,7 @@ def run_command(args) -> int:
 
 def execute(args, cfg) -> int:
     from reinforge.config import to_toml
+    from reinforge.distributed import is_main
     from reinforge.run import RunContext, guarded
     from reinforge.train.common import run_dir_of
 
@@ -194,6 +232,8 @@ def execute(args, cfg) -> int:
         config_toml=to_toml(cfg),
     )
     ctx.install_signal_handlers()
+    if args.config_changes and is_main():
+        record_changes(ctx.run_dir, args.config_changes)
     with guarded(cfg, ctx):
         return finish(args, cfg, ctx)
 
@@ -216,11 +256,7 @@ def finish(args, cfg, ctx) -> int:
             summary = run_sft(cfg, ctx)
     except Stopped as stop:
         print(f"\nstopped by {stop.signal_name}; checkpoint saved at {stop.checkpoint}")
-        print(
-            f"resume with: reinforge {args.command} {args.config or ''} --resume {ctx.run_dir}".replace(
-                "  ", " "
-            )
-        )
+        print(f"resume with: reinforge {args.command} --resume {ctx.run_dir}")
         return ExitCode.STOPPED_AFTER_SAVE
     except RunFailure as e:
         error_file(ctx).write_text(f"{type(e).__name__}: {e}\n")
@@ -245,17 +281,50 @@ def finish(args, cfg, ctx) -> int:
         return ExitCode.RUNTIME_FAILURE
     summary.wall_s = ctx.elapsed()
     summary.counters = run_counters(ctx.run_dir)
+    summary.notes += change_notes(summary, args.config_changes)
     if not is_main():  # rank 0 speaks for the run
         return ExitCode.OK if summary.steps_trained else ExitCode.NOTHING_TRAINED
     print_summary(summary)
     if summary.steps_trained == 0:
         print(
             f"nothing was trained: the run is already at step {summary.final_step} of run.max_steps = "
-            f"{cfg.run.max_steps}; raise run.max_steps to train further",
+            f"{cfg.run.max_steps}; raise run.max_steps to train further (reinforge {args.command} "
+            f"--resume {ctx.run_dir} run.max_steps={cfg.run.max_steps * 2} --allow-changes)",
             file=sys.stderr,
         )
         return ExitCode.NOTHING_TRAINED
     return ExitCode.OK
+
+
+def record_changes(run_dir: Path, changes) -> None:
+    """A resume with --allow-changes: the changes on the console and, for the report, appended
+    to RUN_DIR/config_changes.txt."""
+    import time
+
+    lines = [str(c) for c in changes]
+    print("resume with changed settings (--allow-changes; saved -> now):")
+    for line in lines:
+        print(f"  {line}")
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    with (run_dir / "config_changes.txt").open("a") as f:
+        f.write("".join(f"{stamp} {line}\n" for line in lines))
+
+
+def change_notes(summary, changes) -> list[str]:
+    """The summary's lines for settings changed on resume. An evaluation before the change may
+    have scored other tasks (another eval.num_tasks, task.num_eval, ...): its figure is then not
+    compared with the one after."""
+    if not changes:
+        return []
+    notes = [f"settings changed on resume: {'; '.join(str(c) for c in changes)}"]
+    scored = [c.key for c in changes if c.key.split(".")[0] in ("eval", "task", "model")]
+    if scored and (summary.eval_before is not None or summary.sft_eval_before is not None):
+        summary.eval_before = summary.sft_eval_before = None
+        notes.append(
+            f"held-out accuracy before not shown: {', '.join(scored)} changed since it was "
+            "measured, so it scored other tasks or another model than the figure after"
+        )
+    return notes
 
 
 def error_file(ctx) -> Path:

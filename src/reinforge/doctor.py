@@ -97,7 +97,9 @@ def check_environment(report: DoctorReport, output_dir: str = ".") -> None:
     if triton or not (torch_v and _has_cuda()):
         report.add("triton", triton or "absent (only GPU runs use it)")
     else:
-        report.add("triton", "absent: GPU runs fall back to slow kernels (pip install triton)", WARN)
+        report.add(
+            "triton", "absent: GPU runs fall back to slow kernels (pip install triton)", WARN
+        )
     report.add("cpu", f"{os.cpu_count()} cores, {platform.machine()}")
     try:
         pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")

@@ -78,7 +78,7 @@ def build_report(run_dir: Path) -> RunReport:
     report.best = best_metrics(rows)
     report.counters = counters_of(rows)
     if _latest_state(run_dir) is not None and not status.startswith("finished"):
-        report.resume_command = f"reinforge {command} {run_dir / 'config.toml'} --resume {run_dir}"
+        report.resume_command = f"reinforge {command} --resume {run_dir}"
     report.plot = plot_curves(run_dir)
     return report
 
