@@ -25,7 +25,7 @@ def test_offline_hub_name_fails_fast(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     hub_reachable.cache_clear()
     start = time.perf_counter()
-    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE is set.*hf download Org/Model-0.5B"):
+    with pytest.raises(ConfigError, match=r"HF_HUB_OFFLINE is set.*hf download Org/Model-0\.5B"):
         check_model_location("Org/Model-0.5B")
     assert time.perf_counter() - start < 2
     hub_reachable.cache_clear()
