@@ -86,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
         "how to resume, from a run directory alone.",
     )
     report.add_argument("run_dir", metavar="RUN_DIR")
+    report.add_argument(
+        "--html",
+        nargs="?",
+        const="",
+        metavar="OUT",
+        help="also write the run as one self-contained HTML page (curves of every metric, "
+        "config, failures, a sample browser) to OUT (default: RUN_DIR/report.html)",
+    )
     cli_models.add_parsers(sub)  # eval, export, serve
     return parser
 
@@ -147,6 +155,11 @@ def run_checkup(args) -> int:
         from reinforge.report import build_report, print_run_report
 
         print_run_report(build_report(Path(args.run_dir)))
+        if args.html is not None:
+            from reinforge.report_html import write_html_report
+
+            page = write_html_report(Path(args.run_dir), Path(args.html) if args.html else None)
+            print(f"html report: {page} (open it in a browser; one file, works offline)")
         return ExitCode.OK
     from reinforge.doctor import print_report, run_doctor
 
@@ -242,7 +255,7 @@ def finish(args, cfg, ctx) -> int:
     """Run the command; every way it ends becomes a summary, a file in the run directory for
     `reinforge report`, and an exit code."""
     from reinforge.distributed import is_main
-    from reinforge.report import run_counters
+    from reinforge.report import headline_rows, run_counters
     from reinforge.run import Stopped
 
     try:
@@ -281,6 +294,7 @@ def finish(args, cfg, ctx) -> int:
         return ExitCode.RUNTIME_FAILURE
     summary.wall_s = ctx.elapsed()
     summary.counters = run_counters(ctx.run_dir)
+    summary.extra["headlines"] = headline_rows(ctx.run_dir)
     summary.notes += change_notes(summary, args.config_changes)
     if not is_main():  # rank 0 speaks for the run
         return ExitCode.OK if summary.steps_trained else ExitCode.NOTHING_TRAINED
@@ -389,6 +403,8 @@ def print_summary(s) -> None:
     stage = "RL" if s.command == "train" else "SFT"
     table.add_row(f"held-out accuracy before {stage}", pct(s.eval_before))
     table.add_row(f"held-out accuracy after {stage}", pct(s.eval_after))
+    for label, value in s.extra.get("headlines", []):
+        table.add_row(label, value)
     table.add_row("wall time", f"{s.wall_s:.0f} s")
     failures = ", ".join(f"{k} {v:g}" for k, v in sorted(s.counters.items()) if v)
     table.add_row("failures counted", failures or "none")

@@ -88,6 +88,29 @@ def run_counters(run_dir: Path) -> dict[str, float]:
     return counters_of(read_metrics(Path(run_dir) / "metrics.jsonl"))
 
 
+# A task's own headline besides accuracy: (metric key, label), shown before -> after.
+HEADLINES = (("tool_call_rate", "tool-call rate"), ("win_rate", "win rate"))
+
+
+def headline_rows(run_dir: Path) -> list[tuple[str, str]]:
+    """(label, "first -> last") for each headline rate the run logged: over the RL steps, and
+    held-out (before RL -> last evaluation) where the evaluation scored it."""
+    rows = [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if r.get("phase") == "rl"]
+    out = []
+    for key, label in HEADLINES:
+        for scope, k in (("RL steps", key), ("held-out", f"eval_{key}")):
+            have = [r for r in rows if k in r]
+            if have:
+                first, last = have[0], have[-1]
+                out.append(
+                    (
+                        f"{label}, {scope}",
+                        f"{first[k]:.2f} (step {first['step']}) -> {last[k]:.2f} (step {last['step']})",
+                    )
+                )
+    return out
+
+
 def counters_of(rows: list[dict]) -> dict[str, float]:
     totals: dict[str, float] = {}
     for row in rows:

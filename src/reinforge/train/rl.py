@@ -31,7 +31,7 @@ from reinforge.distributed import (
 from reinforge.engine.base import SamplingParams
 from reinforge.envs.sources import EnvTasks
 from reinforge.eval import logged_metrics
-from reinforge.metrics import console, format_line, plot_curves
+from reinforge.metrics import console, episode_fields, format_line, plot_curves
 from reinforge.run import RunContext, Stopped, Summary
 from reinforge.tasks import task_source_for
 from reinforge.train.advantage_step import assign_advantages, build_step_batch
@@ -284,6 +284,7 @@ def sample_rows(policy: Policy, groups: list[Group], count: int) -> list[dict]:
                 "answer": t.task.answer,
                 "reward": t.reward,
                 "advantage": t.advantage,
+                **episode_fields(policy.tokenizer, t),  # data source, rewards, turns
             }
         )
     return rows
