@@ -11,13 +11,11 @@ import ctypes
 import inspect
 import json
 import os
-import sys
-
-if sys.platform != "win32":  # used only by the launcher; Sandbox() refuses non-Linux hosts
-    import resource
 
 
 def _launch(spec_json: str) -> None:
+    import resource  # Unix only: imported in the child, so the package imports on Windows
+
     spec = json.loads(spec_json)
     status = {"network_isolated": spec["network_isolated"], "private_tmp": False}
     if spec["unshare_net"]:
