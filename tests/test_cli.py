@@ -26,6 +26,9 @@ def test_dry_run_prints_config_and_budgets(tmp_path):
     assert out.returncode == ExitCode.OK, out.stderr
     assert "[rollout]" in out.stdout and "prompt + rollout.max_new_tokens" in out.stdout
     assert "32 prompts x 8 samples = 256 sequences" in out.stdout
+    # how long the job takes, from a step of each phase timed just now at the config's size
+    assert "estimated time: about" in out.stdout and "RL: 60 steps x" in out.stdout
+    assert "SFT: 500 steps x" in out.stdout and "generation (32 x 8 x 8 tokens) took" in out.stdout
     assert not any(tmp_path.iterdir())  # nothing trained, nothing written
 
 

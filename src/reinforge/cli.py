@@ -221,6 +221,9 @@ def run_command(args) -> int:
             print(annotated_toml(cfg))
             print_preflight(pf, cfg)
             pf.raise_if_failed()
+            from reinforge.estimate import estimate_run
+
+            print("\n".join(estimate_run(cfg).lines()))
             print("dry run: config and budgets OK; nothing was trained")
             return ExitCode.OK
         pf.raise_if_failed()
