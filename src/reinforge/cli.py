@@ -218,6 +218,8 @@ def run_command(args) -> int:
     try:
         pf = run_preflight(cfg)
         if args.dry_run:
+            from reinforge.cli_output import annotated_toml, print_preflight
+
             print(annotated_toml(cfg))
             print_preflight(pf, cfg)
             pf.raise_if_failed()
@@ -249,6 +251,8 @@ def execute(args, cfg) -> int:
     )
     ctx.install_signal_handlers()
     if args.config_changes and is_main():
+        from reinforge.resume_config import record_changes
+
         record_changes(ctx.run_dir, args.config_changes)
     with guarded(cfg, ctx):
         return finish(args, cfg, ctx)
@@ -257,8 +261,10 @@ def execute(args, cfg) -> int:
 def finish(args, cfg, ctx) -> int:
     """Run the command; every way it ends becomes a summary, a file in the run directory for
     `reinforge report`, and an exit code."""
+    from reinforge.cli_output import print_summary
     from reinforge.distributed import is_main
     from reinforge.report import headline_rows, run_counters
+    from reinforge.resume_config import change_notes
     from reinforge.run import Stopped
 
     try:
@@ -313,108 +319,11 @@ def finish(args, cfg, ctx) -> int:
     return ExitCode.OK
 
 
-def record_changes(run_dir: Path, changes) -> None:
-    """A resume with --allow-changes: the changes on the console and, for the report, appended
-    to RUN_DIR/config_changes.txt."""
-    import time
-
-    lines = [str(c) for c in changes]
-    print("resume with changed settings (--allow-changes; saved -> now):")
-    for line in lines:
-        print(f"  {line}")
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    with (run_dir / "config_changes.txt").open("a") as f:
-        f.write("".join(f"{stamp} {line}\n" for line in lines))
-
-
-def change_notes(summary, changes) -> list[str]:
-    """The summary's lines for settings changed on resume. An evaluation before the change may
-    have scored other tasks (another eval.num_tasks, task.num_eval, ...): its figure is then not
-    compared with the one after."""
-    if not changes:
-        return []
-    notes = [f"settings changed on resume: {'; '.join(str(c) for c in changes)}"]
-    scored = [c.key for c in changes if c.key.split(".")[0] in ("eval", "task", "model")]
-    if scored and (summary.eval_before is not None or summary.sft_eval_before is not None):
-        summary.eval_before = summary.sft_eval_before = None
-        notes.append(
-            f"held-out accuracy before not shown: {', '.join(scored)} changed since it was "
-            "measured, so it scored other tasks or another model than the figure after"
-        )
-    return notes
-
-
 def error_file(ctx) -> Path:
     """Where a failure's traceback goes: error.txt, error.rank{r}.txt for other ranks."""
     from reinforge.distributed import rank
 
     return ctx.run_dir / ("error.txt" if rank() == 0 else f"error.rank{rank()}.txt")
-
-
-def annotated_toml(cfg) -> str:
-    """The resolved config as TOML; each preset-backed `[algorithm]` value says where it came
-    from (the preset, or a setting and the preset's value it replaced)."""
-    from reinforge.config import to_toml
-
-    text = to_toml(cfg)
-    algorithm = getattr(cfg, "algorithm", None)
-    if algorithm is None:
-        return text
-    origins = algorithm.origins()
-    lines, section = [], None
-    for line in text.splitlines():
-        if line.startswith("["):
-            section = line.strip("[]")
-        key = line.split(" = ", 1)[0]
-        if section == "algorithm" and key in origins:
-            line = f"{line}  # {origins[key]}"
-        lines.append(line)
-    return "\n".join(lines) + "\n"
-
-
-def print_preflight(pf, cfg) -> None:
-    from rich.table import Table
-
-    from reinforge.metrics import console
-
-    table = Table(title="preflight", show_header=False)
-    table.add_column(overflow="fold")
-    table.add_column(overflow="fold")
-    for k, v in pf.rows:
-        table.add_row(k, v)
-    for w in pf.warnings:
-        table.add_row("[yellow]warning[/]", w)
-    for e in pf.errors:
-        table.add_row("[red]error[/]", e)
-    console.print(table)
-
-
-def print_summary(s) -> None:
-    from rich.table import Table
-
-    from reinforge.metrics import console
-
-    def pct(x):
-        return "-" if x is None else f"{100 * x:.1f}%"
-
-    table = Table(title=f"reinforge {s.command}: summary", show_header=False)
-    table.add_column(overflow="fold")
-    table.add_column(overflow="fold")
-    table.add_row("steps trained", f"{s.steps_trained} (now at step {s.final_step})")
-    if s.sft_eval_before is not None:
-        table.add_row("held-out accuracy before SFT", pct(s.sft_eval_before))
-    stage = "RL" if s.command == "train" else "SFT"
-    table.add_row(f"held-out accuracy before {stage}", pct(s.eval_before))
-    table.add_row(f"held-out accuracy after {stage}", pct(s.eval_after))
-    for label, value in s.extra.get("headlines", []):
-        table.add_row(label, value)
-    table.add_row("wall time", f"{s.wall_s:.0f} s")
-    failures = ", ".join(f"{k} {v:g}" for k, v in sorted(s.counters.items()) if v)
-    table.add_row("failures counted", failures or "none")
-    for note in s.notes:
-        table.add_row("note", note)
-    console.print(table)
-    print(f"run directory: {s.run_dir}")
 
 
 if __name__ == "__main__":

@@ -93,3 +93,34 @@ def _placed(cfg, run_dir: Path):
 
 def _show(value: Any) -> str:
     return "(unset)" if value is None else repr(value)
+
+
+def record_changes(run_dir: Path, changes) -> None:
+    """A resume with --allow-changes: the changes on the console and, for the report, appended
+    to RUN_DIR/config_changes.txt."""
+    import time
+
+    lines = [str(c) for c in changes]
+    print("resume with changed settings (--allow-changes; saved -> now):")
+    for line in lines:
+        print(f"  {line}")
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    with (run_dir / "config_changes.txt").open("a") as f:
+        f.write("".join(f"{stamp} {line}\n" for line in lines))
+
+
+def change_notes(summary, changes) -> list[str]:
+    """The summary's lines for settings changed on resume. An evaluation before the change may
+    have scored other tasks (another eval.num_tasks, task.num_eval, ...): its figure is then not
+    compared with the one after."""
+    if not changes:
+        return []
+    notes = [f"settings changed on resume: {'; '.join(str(c) for c in changes)}"]
+    scored = [c.key for c in changes if c.key.split(".")[0] in ("eval", "task", "model")]
+    if scored and (summary.eval_before is not None or summary.sft_eval_before is not None):
+        summary.eval_before = summary.sft_eval_before = None
+        notes.append(
+            f"held-out accuracy before not shown: {', '.join(scored)} changed since it was "
+            "measured, so it scored other tasks or another model than the figure after"
+        )
+    return notes
