@@ -32,7 +32,7 @@ def run_dir(tmp_path_factory) -> Path:
     """A tiny SFT + RL run, and two tool episodes (a call, its result, an answer) in its
     samples.jsonl as the trainer writes them (`episode_fields` over real token ids)."""
     out = tmp_path_factory.mktemp("html")
-    args = [*TINY_RUN, f"run.output_dir={out}", "run.name=r", "run.max_steps=3", "sft.steps=3"]
+    args = [*TINY_RUN, f"run.output_dir={out}", "run.name=r", "run.max_steps=2", "sft.steps=2"]
     done = cli("train", *args, "log.samples_per_step=4")
     assert done.returncode == ExitCode.OK, done.stdout + done.stderr
     run = out / "r"
@@ -66,7 +66,7 @@ def tool_episode_row(reward: float) -> dict:
     completion = Completion(ids, [0.0] * len(ids), "stop", tok.decode(ids), loss_mask=mask)
     trajectory = Trajectory(task, [1, 2], completion, reward=reward, rewards={"env": reward})
     row = {
-        "step": 3,
+        "step": 2,
         "phase": "rl",
         "prompt": "Is 37*97 above 3000?",
         "completion": completion.text,
@@ -119,12 +119,12 @@ def test_html_report_in_headless_chromium(run_dir, tmp_path):
         for key in ("reward_mean", "eval_accuracy", "sft/lr", "grad_norm"):
             assert key in names or f" {key} " in unchanged, key
         points = page.locator('.chart[data-metric="sft/loss"] polyline').get_attribute("points")
-        assert len(points.split()) == 3  # one vertex per SFT step
+        assert len(points.split()) == 2  # one vertex per SFT step
 
         rows = page.locator("#sample-rows tr.sample")
         assert rows.count() == len(samples)
-        page.fill("#f-step-min", "3")
-        assert rows.count() == sum(s["step"] >= 3 for s in samples) < len(samples)
+        page.fill("#f-step-min", "2")
+        assert rows.count() == sum(s["step"] >= 2 for s in samples) < len(samples)
         page.select_option("#f-source", "calc")
         assert rows.count() == 2
         page.fill("#f-reward-min", "0.5")
