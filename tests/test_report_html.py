@@ -141,3 +141,11 @@ def test_html_report_in_headless_chromium(run_dir, tmp_path):
     assert shot.stat().st_size > 20_000
     if os.environ.get("REINFORGE_SCREENSHOTS"):  # to look at it: a folder to copy it to
         shutil.copy(shot, Path(os.environ["REINFORGE_SCREENSHOTS"]) / "report.png")
+
+
+def test_sample_text_cannot_end_the_data_block():
+    from reinforge.report_html import render
+
+    page = render({"name": "x", "samples": [{"completion": "</script><!--<script>alert(1)"}]})
+    blob = page.split('id="run-data">')[1].split("</script>")[0]
+    assert json.loads(blob)["samples"][0]["completion"] == "</script><!--<script>alert(1)"

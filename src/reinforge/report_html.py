@@ -74,6 +74,7 @@ def _finite(row: dict) -> dict:
 
 def render(data: dict[str, Any]) -> str:
     page = resources.files("reinforge").joinpath("report_page.html").read_text(encoding="utf-8")
-    # inside <script>, "</" could end the block early: JSON allows "<\/" for it
-    blob = json.dumps(data, ensure_ascii=False).replace("</", "<\\/")
+    # inside <script>, "</script" or "<!--" in a completion would change how the page parses:
+    # every "<" (only ever inside JSON strings) is written as its escape
+    blob = json.dumps(data, ensure_ascii=False).replace("<", "\\u003c")
     return page.replace("__TITLE__", html.escape(data["name"])).replace("__DATA__", blob)
