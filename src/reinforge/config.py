@@ -17,7 +17,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from reinforge.config_algorithm import AlgorithmSection, preset_values
+from reinforge.config_algorithm import AlgorithmBase, AlgorithmSection, GRPOAlgorithm, preset_values
 from reinforge.config_base import Section
 from reinforge.config_envs import is_env_task
 from reinforge.config_load import (
@@ -37,6 +37,7 @@ from reinforge.config_tasks import (
 
 __all__ = [
     "ROOTS",
+    "AlgorithmBase",
     "AlgorithmSection",
     "ArithmeticTaskConfig",
     "CheckpointSection",
@@ -253,6 +254,13 @@ class EvalSection(EvalSamplingSection):
     validation loss. In `reinforge train` this is before RL, after any SFT stage."""
     every: int = Field(0, ge=0)
     """Also validate every N steps (validate_every; 0 = only before and after)."""
+    headroom_tasks: int = Field(32, ge=0)
+    """`reinforge train`: at each evaluation, also sample rollout.samples_per_prompt (k) answers
+    of the first this many held-out tasks at the rollout's temperature and log
+    `eval_sampled_pass@1`, `eval_sampled_pass@k` and `eval_headroom` (sampled pass@k minus the
+    evaluation's pass@1 on those tasks): what RL can still sharpen. 32 tasks x 8 samples took 0.6 s beside
+    2.1 s for the greedy 200 (builtin:tiny, the quickstart's task, a CPU thread: a group's prompt
+    is prefilled once) and measure headroom to about +-8 points; 0 turns it off."""
 
 
 class CheckpointSection(Section):
@@ -321,7 +329,7 @@ class TrainConfig(Section):
     task: TaskConfig = ArithmeticTaskConfig()
     sft: SFTSection = SFTSection()
     rollout: RolloutSection = RolloutSection()
-    algorithm: AlgorithmSection = AlgorithmSection()
+    algorithm: AlgorithmSection = GRPOAlgorithm()
     optim: OptimSection = OptimSection()
     train: TrainSection = TrainSection()
     eval: EvalSection = EvalSection()

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from reinforge.config_base import Section
+from reinforge.config_rewards import ScoredTask
 
 
 class DatasetColumnsSection(Section):
@@ -35,14 +36,10 @@ class DatasetColumnsSection(Section):
     data_source (verl); rows without one take task.data_source."""
 
 
-class DatasetTaskConfig(Section):
-    name: Literal["dataset"] = "dataset"
-    """Tasks from your data: JSONL, JSON, parquet, CSV/TSV, an HF dataset or a Python generator,
-    in verl's, TRL's or plain prompt/answer columns."""
-    path: str | list[str] = Field(min_length=1)
-    """A .jsonl/.json/.parquet/.csv/.tsv file, a folder (a saved HF dataset, or data files), an
-    HF hub name (when online), a generator "module:function" or "path/to/file.py:function", or
-    a list of these trained on together. Relative paths are from the working directory."""
+class DataRowsSection(Section):
+    """Where a task's rows come from and how they are read: the settings `[task] name =
+    "dataset"` and the env tasks that read rows from files (`name = "env"`) share."""
+
     format: Literal["auto", "jsonl", "json", "parquet", "csv", "hf", "procedural"] = "auto"
     """How to read `path`: auto decides from the suffix, the folder, or the colon of a
     generator; "json" is one JSON array, "jsonl" one record per line."""
@@ -81,6 +78,42 @@ class DatasetTaskConfig(Section):
     """Rows must have a ground-truth answer. Default: yes for `reinforge train` and
     `reinforge eval` (their rewards check it), no for `reinforge sft` (held-out accuracy is then
     scored only where the rows have answers and a known reward)."""
+
+    def to_spec(self, require_answer: bool = True, require_solution: bool = False):
+        """The loader's `DatasetSpec`; `require_*` are what the command needs of each row
+        (`require_answer` unset here defers to it)."""
+        from reinforge.data.spec import ColumnMap, DatasetSpec
+
+        return DatasetSpec(
+            path=self.path if isinstance(self.path, str) else tuple(self.path),
+            format=self.format,
+            split=self.split,
+            subset=self.subset,
+            columns=ColumnMap(**self.columns.model_dump()),
+            name=self.data_source,
+            eval_path=self.eval_path,
+            eval_split=self.eval_split,
+            eval_fraction=self.eval_fraction,
+            max_rows=self.max_rows,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            on_bad_row=self.on_bad_row,
+            max_prompt_tokens=self.max_prompt_tokens,
+            require_answer=require_answer if self.require_answer is None else self.require_answer,
+            require_solution=require_solution,
+            reward=getattr(self, "reward", "auto"),
+            reward_by_source=dict(getattr(self, "reward_by_source", {})),
+        )
+
+
+class DatasetTaskConfig(ScoredTask, DataRowsSection):
+    name: Literal["dataset"] = "dataset"
+    """Tasks from your data: JSONL, JSON, parquet, CSV/TSV, an HF dataset or a Python generator,
+    in verl's, TRL's or plain prompt/answer columns."""
+    path: str | list[str] = Field(min_length=1)
+    """A .jsonl/.json/.parquet/.csv/.tsv file, a folder (a saved HF dataset, or data files), an
+    HF hub name (when online), a generator "module:function" or "path/to/file.py:function", or
+    a list of these trained on together. Relative paths are from the working directory."""
     reward: str = "auto"
     """Reward of every row: "math", "exact_match", "format", or your own `(completion, task) ->
     float` as "module:function" / "path/to/file.py:function". "auto" picks one per data_source:
@@ -105,29 +138,3 @@ class DatasetTaskConfig(Section):
 
         check_spec(self.to_spec())  # a ConfigError naming the setting to change
         return self
-
-    def to_spec(self, require_answer: bool = True, require_solution: bool = False):
-        """The loader's `DatasetSpec`; `require_*` are what the command needs of each row
-        (`require_answer` unset here defers to it)."""
-        from reinforge.data.spec import ColumnMap, DatasetSpec
-
-        return DatasetSpec(
-            path=self.path if isinstance(self.path, str) else tuple(self.path),
-            format=self.format,
-            split=self.split,
-            subset=self.subset,
-            columns=ColumnMap(**self.columns.model_dump()),
-            name=self.data_source,
-            eval_path=self.eval_path,
-            eval_split=self.eval_split,
-            eval_fraction=self.eval_fraction,
-            max_rows=self.max_rows,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            on_bad_row=self.on_bad_row,
-            max_prompt_tokens=self.max_prompt_tokens,
-            require_answer=require_answer if self.require_answer is None else self.require_answer,
-            require_solution=require_solution,
-            reward=self.reward,
-            reward_by_source=dict(self.reward_by_source),
-        )

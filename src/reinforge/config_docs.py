@@ -60,11 +60,15 @@ def _bounds(field) -> str:
     return ", ".join(parts)
 
 
-def _section_table(model: type[BaseModel], where: str) -> list[str]:
-    """The section's table, then one for each table nested in it (e.g. `[model.lora]`)."""
+def _section_table(model: type[BaseModel], where: str, keys: list[str] | None = None) -> list[str]:
+    """The section's table (only `keys` when given), then one for each table nested in it (e.g.
+    `[model.lora]`)."""
     lines = ["| key | type | default | bounds | description |", "|---|---|---|---|---|"]
     nested = []
-    for name, field in model.model_fields.items():
+    fields = sorted(model.model_fields.items(), key=lambda item: item[0] != "name")  # name first
+    for name, field in fields:
+        if keys is not None and name not in keys:
+            continue
         doc = " ".join((field.description or "").split()).replace("|", "\\|")
         assert doc, f"{model.__name__}.{name} has no docstring"
         if _is_table(field.annotation):
@@ -124,18 +128,51 @@ def render() -> str:
     users = _commands_by_model()
     for root in ROOTS.values():
         for section, field in root.model_fields.items():
-            for variant in _variants(field.annotation):
+            variants = _variants(field.annotation)
+            shared = _shared_keys(variants)
+            if shared and variants[0].__name__ not in seen:
+                names = ", ".join(f"`{v.model_fields['name'].default}`" for v in variants)
+                out += [
+                    f"### `[{section}]`: settings of every `name`",
+                    "",
+                    f"`name` is one of {names}; each takes these settings and its own below.",
+                    "",
+                    *_section_table(variants[0], section, shared),
+                    "",
+                ]
+            for variant in variants:
                 key = variant.__name__
                 if key in seen:
                     continue
                 seen.add(key)
                 title = f"### `[{section}]`"
-                if len(_variants(field.annotation)) > 1:
+                if len(variants) > 1:
                     title += f' with `name = "{variant.model_fields["name"].default}"`'
                 elif len(users[section]) > 1:  # e.g. [eval] of training vs of `reinforge eval`
                     title += " in " + ", ".join(f"`reinforge {c}`" for c in users[section][key])
-                out += [title, "", *_section_table(variant, section), ""]
+                own = [k for k in variant.model_fields if k not in shared]
+                out += [title, "", *_section_table(variant, section, own), ""]
     return "\n".join(out)
+
+
+def _shared_keys(variants: list[type[BaseModel]]) -> list[str]:
+    """Settings every variant of a union declares alike (same type, default and docs), besides
+    `name`: written once for the section (e.g. `[algorithm]`'s policy-loss settings). Empty for
+    a single model."""
+    if len(variants) < 2:
+        return []
+
+    def spec(model: type[BaseModel], key: str) -> tuple:
+        f = model.model_fields[key]
+        return (repr(f.annotation), repr(f.default), f.description, repr(f.metadata))
+
+    first = variants[0]
+    return [
+        k
+        for k in first.model_fields
+        if k != "name"
+        and all(k in v.model_fields and spec(v, k) == spec(first, k) for v in variants[1:])
+    ]
 
 
 def _commands_by_model() -> dict[str, dict[str, list[str]]]:

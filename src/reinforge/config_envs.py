@@ -13,26 +13,18 @@ by its name.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from reinforge.config_base import Section
+from reinforge.config_data import DataRowsSection
+from reinforge.config_rewards import ScoredTask
 
 ParserName = Literal["hermes", "llama3_json", "mistral"]
 
 
-class RewardWeight(Section):
-    name: str
-    """A reward component: "env" (the env's own score), a component the env reports (a game's
-    "outcome" and "legal_moves"), "format" or "math" (scored on the episode's last assistant
-    message), or your own `(completion, task) -> float` as "module:function" or
-    "path/to/file.py:function"."""
-    weight: float = 1.0
-    """Its weight in the training reward (0 logs it without training on it)."""
-
-
-class EnvTaskConfig(Section):
+class EnvTaskConfig(ScoredTask):
     """Settings every env task shares."""
 
     max_turns: int = Field(8, ge=1, le=10_000)
@@ -44,9 +36,6 @@ class EnvTaskConfig(Section):
     `context_overflows`, never cut silently. A turn generates at most rollout.max_new_tokens
     (eval.max_new_tokens in evaluation) or what is left of this, whichever is smaller. Default:
     the model's context."""
-    rewards: list[RewardWeight] = [RewardWeight(name="env")]
-    """The training reward: the weighted sum of these components, each logged as
-    `reward_<name>`, e.g. [{name = "env", weight = 1.0}, {name = "format", weight = 0.2}]."""
     render_tools: bool = True
     """Give the env's tool schemas to the chat template (`tools=`), which shows them to the model
     in the form it was trained on. Templates without tool support (builtin:tiny's ChatML) ignore
@@ -55,22 +44,33 @@ class EnvTaskConfig(Section):
 
 class SandboxSection(Section):
     backend: Literal["auto", "bwrap", "rlimit"] = "auto"
-    """Isolation of model-written code: "bwrap" (bubblewrap: own network, pid and mount
-    namespaces, read-only system), "rlimit" (resource limits, a fresh uid as root, own network
-    namespace where the kernel allows), or "auto" (bwrap when it works here, else rlimit, logged).
-    An explicit backend that cannot run here is an error, never a silent downgrade."""
+    """Isolation of model-written code. "bwrap" (bubblewrap): own network, pid, mount and user (or
+    uid) namespaces, a read-only system, private size-capped /tmp, /dev/shm and /run; contains
+    every attack in docs/security.md, root or not. "rlimit": resource limits; as root also a fresh
+    uid in its own namespaces (world-readable host files stay readable); without root the code
+    runs as you and can reach your processes and files (the run summary lists what it leaves
+    open). "auto": bwrap, and if bwrap cannot run here an error (never a silent downgrade): set
+    "rlimit" explicitly to accept its gaps."""
     cpu_seconds: float = Field(5.0, gt=0.0)
     """CPU time limit of one tool call."""
     wall_seconds: float = Field(10.0, gt=0.0)
-    """Wall-clock limit of one tool call (every process it started is killed)."""
+    """Wall-clock limit of one tool call, from the program's start (every process it started is
+    killed)."""
     memory_mb: int = Field(512, gt=0)
-    """Address-space limit of the program, in MB."""
+    """Memory of one tool call: all its processes together (PSS, polled every 0.1 s), and the
+    address space of each, in MB."""
     max_output_bytes: int = Field(16_384, gt=0)
     """stdout + stderr kept; past it the program is stopped."""
     max_file_mb: int = Field(16, gt=0)
     """Largest file the program may write, in MB."""
+    max_disk_mb: int = Field(64, gt=0)
+    """Files one tool call may keep, in MB: the size of its private /tmp (the work dir) and of
+    its /dev/shm, each (both in memory)."""
     max_processes: int = Field(32, gt=0)
     """Most processes the program may run at once."""
+    allow_uncontained: bool = False
+    """On macOS and Windows there is no sandbox: the python tool refuses to run unless this is
+    true, and then runs the code as you with only the time and output limits."""
 
 
 class ToolArithmeticTaskConfig(EnvTaskConfig):
@@ -214,7 +214,49 @@ class GameTaskConfig(EnvTaskConfig):
         return self
 
 
-ENV_TASK_CONFIGS = (ToolArithmeticTaskConfig, HtmlTaskConfig, SearchTaskConfig, GameTaskConfig)
+class UserEnvTaskConfig(EnvTaskConfig, DataRowsSection):
+    name: Literal["env"] = "env"
+    """Your own environment: a factory that returns an object speaking the Env protocol
+    (`reset(task) -> EnvState`, `step(state, assistant) -> StepResult`; docs/environments.md),
+    played over rows from your data or from a generator beside the factory."""
+    env: str = Field(min_length=1)
+    """The factory: "path/to/file.py:make_env", "package.module:make_env", or the name of an
+    installed entry point in the group "reinforge.envs". Called once with `env_args`."""
+    env_args: dict[str, Any] = {}
+    """Keyword arguments for the factory, e.g. {max_results = 5, corpus = "docs.jsonl"}."""
+    path: str | list[str] | None = None
+    """The task rows, read as `[task] name = "dataset"` reads them (files, folders, HF datasets,
+    generators; `columns.*`, splits and bad rows alike; rows need no answer: the env scores).
+    Unset: a generator `rows(seed)` in the factory's own file or module."""
+
+    @model_validator(mode="after")
+    def _rows_readable(self) -> UserEnvTaskConfig:
+        if self.path is not None:
+            from reinforge.data.spec import check_spec
+
+            check_spec(self.to_spec(require_answer=False))
+        return self
+
+    def rows_path(self) -> str | list[str]:
+        """`path`, or the `rows` generator beside the factory."""
+        if self.path is not None:
+            return self.path
+        module, _, _ = self.env.rpartition(":")
+        if not module:
+            raise ValueError(
+                f"task.env = {self.env!r} is an entry point: set task.path to the rows to play, "
+                'e.g. task.path = "tasks.jsonl"'
+            )
+        return f"{module}:rows"
+
+
+ENV_TASK_CONFIGS = (
+    ToolArithmeticTaskConfig,
+    HtmlTaskConfig,
+    SearchTaskConfig,
+    GameTaskConfig,
+    UserEnvTaskConfig,
+)
 
 
 def is_env_task(task_cfg: object) -> bool:

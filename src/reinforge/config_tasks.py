@@ -11,17 +11,18 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from reinforge.config_base import Section
 from reinforge.config_data import DatasetTaskConfig
 from reinforge.config_envs import (
     GameTaskConfig,
     HtmlTaskConfig,
     SearchTaskConfig,
     ToolArithmeticTaskConfig,
+    UserEnvTaskConfig,
 )
+from reinforge.config_rewards import ScoredTask
 
 
-class ArithmeticTaskConfig(Section):
+class ArithmeticTaskConfig(ScoredTask):
     name: Literal["arithmetic"] = "arithmetic"
     """Multi-digit arithmetic: `a op b` with a numeric answer."""
     min_digits: int = Field(1, ge=1, le=12)
@@ -53,7 +54,7 @@ class ArithmeticTaskConfig(Section):
         return self
 
 
-class CountdownTaskConfig(Section):
+class CountdownTaskConfig(ScoredTask):
     name: Literal["countdown"] = "countdown"
     """Countdown: combine the given numbers with + - * / to reach the target."""
     num_numbers: int = Field(3, ge=2, le=6)
@@ -66,7 +67,7 @@ class CountdownTaskConfig(Section):
     """Seed of the task generator (independent of `run.seed`)."""
 
 
-class RandomTokensTaskConfig(Section):
+class RandomTokensTaskConfig(ScoredTask):
     name: Literal["random_tokens"] = "random_tokens"
     """Benchmark workload: prompts of random words `t0 t1 ...` (one token each with the word-level
     tokenizer of `model.path = "shape:..."`), reward (len(completion text) mod 7) / 6, as the
@@ -90,6 +91,7 @@ TaskConfig = Annotated[
     | ToolArithmeticTaskConfig
     | HtmlTaskConfig
     | SearchTaskConfig
-    | GameTaskConfig,
+    | GameTaskConfig
+    | UserEnvTaskConfig,
     Field(discriminator="name"),
 ]

@@ -38,7 +38,7 @@ Contract:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import MethodType
 
@@ -233,11 +233,14 @@ def gather_rows(rows: torch.Tensor) -> torch.Tensor:
 
 
 def reduce_metrics(
-    metrics: dict[str, float], summed: set[str] = frozenset(), maxed: set[str] = frozenset()
+    metrics: dict[str, float],
+    summed: set[str] = frozenset(),
+    maxed: set[str] = frozenset(),
+    minned: set[str] = frozenset(),
 ) -> dict[str, float]:
     """One dict for the step from every rank's: keys in `summed` add up (counts, and the loss
     terms already divided by global counts), keys in `maxed` take the largest (wall times, peak
-    memory), the rest are means (the ranks hold equal numbers of groups, so a mean of per-rank
+    memory), keys in `minned` the smallest, the rest are means (the ranks hold equal numbers of groups, so a mean of per-rank
     means is the mean over all trajectories). A key some ranks lack is reduced over the others."""
     if not is_distributed():
         return metrics
@@ -251,6 +254,8 @@ def reduce_metrics(
             out[key] = sum(values)
         elif key in maxed:
             out[key] = max(values)
+        elif key in minned:
+            out[key] = min(values)
         else:
             out[key] = sum(values) / len(values)
     return out
@@ -260,7 +265,10 @@ def reduce_metrics(
 
 
 def shard_model(
-    model: torch.nn.Module, trainable: bool = True, replicate: bool = False
+    model: torch.nn.Module,
+    trainable: bool = True,
+    replicate: bool = False,
+    packed_forward: Callable | None = None,
 ) -> torch.nn.Module:
     """FSDP2 over all ranks: each decoder layer is one unit (gathered for its forward and
     backward, then freed), the rest (embeddings, final norm, LM head) the root unit. In place;
@@ -280,8 +288,6 @@ def shard_model(
         register_fsdp_forward_method,
     )
 
-    from reinforge.train.forward import packed_logprobs
-
     device = next(model.parameters()).device
     if _TRAIN_GROUP is None:
         mesh = init_device_mesh(device.type, (world_size(),))
@@ -298,8 +304,9 @@ def shard_model(
     for layer in model.get_decoder().layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
-    setattr(model, PACKED_FORWARD, MethodType(packed_logprobs, model))
-    register_fsdp_forward_method(model, PACKED_FORWARD)
+    if packed_forward is not None:  # the trainer's forward, run as FSDP's (gathers the layers)
+        setattr(model, PACKED_FORWARD, MethodType(packed_forward, model))
+        register_fsdp_forward_method(model, PACKED_FORWARD)
     return model
 
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from reinforge.engine.base import Engine, SamplingParams
-from reinforge.envs.sources import EnvTasks
+from reinforge.engine.base import Engine
+from reinforge.envs.env_tasks import ENV_REWARD, single_turn_tasks
 from reinforge.eval_metrics import Sample, summarize_eval
-from reinforge.train.common import eos_ids, render_prompt
+from reinforge.faults import RewardErrors
+from reinforge.rollout.sampling import sampling_params
+from reinforge.rollout.trajectories import episode_metrics, play
+from reinforge.types import Trajectory
 
 NUM_EXAMPLES = 8  # samples kept as examples for logs and reports
 
@@ -24,7 +27,8 @@ class EvalResult:
     samples: list[dict]  # one row per sample: task, completion, reward, length, finish reason
     num_tasks: int
     samples_per_task: int
-    # Env tasks: how the episodes went (tool-call rate, win rate, turns, ...: env_rollout.py)
+    # How the episodes went (tool-call rate, win rate, turns, ...: rollout/trajectories.py),
+    # each reward component's mean (`reward_<name>`) and failed reward calls
     episode_metrics: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -61,37 +65,46 @@ def evaluate(
     temperature: float = 0.0,
     top_p: float = 1.0,
 ) -> EvalResult:
-    """Generate `samples_per_task` completions of each task and score them with the source's
-    reward; greedy at temperature 0."""
+    """`samples_per_task` episodes of each task through the rollout training runs (a task
+    source without an env plays as a single turn), greedy at temperature 0. A sample passes on
+    the task's own verdict ("env") when the scorer has one, else on its weighted reward; a
+    reward component that fails scores 0 and is counted (`reward_errors`)."""
     assert tasks, "evaluate needs at least one task"
-    prompts = [render_prompt(tokenizer, t.messages) for t in tasks]
-    params = SamplingParams(
+    env_tasks = single_turn_tasks(task_source)
+    params = sampling_params(
+        tokenizer,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_p=top_p,
         n=samples_per_task,
-        stop_token_ids=tuple(eos_ids(tokenizer)),
         seed=seed,
     )
-    if isinstance(task_source, EnvTasks):  # multi-turn episodes, through the code RL runs
-        from reinforge.train.env_rollout import evaluate_episodes
-
-        return evaluate_episodes(engine, tokenizer, task_source, tasks, params)
-    outputs = engine.generate(prompts, params)
-    groups, rows = [], []
-    for task, completions in zip(tasks, outputs, strict=True):
-        source = str(task.info.get("data_source", task_source.name))
-        group = []
-        for c in completions:
-            reward = task_source.reward(c.text, task)
-            group.append(Sample(reward, len(c.token_ids), c.finish_reason, source))
-            rows.append(sample_row(task, c, reward, source))
-        groups.append(group)
-    summary = summarize_eval(groups)
-    return EvalResult(summary.metrics, summary.table, rows, len(tasks), samples_per_task)
+    errors = RewardErrors()
+    groups = play(engine, tokenizer, env_tasks, tasks, samples_per_task, params, errors)
+    samples, rows = [], []
+    for group in groups:
+        source = str(group.task.info.get("data_source", env_tasks.name))
+        samples.append([eval_sample(t, source) for t in group.trajectories])
+        rows += [
+            sample_row(t.task, t.completion, t.reward, source, t.rewards)
+            for t in group.trajectories
+        ]
+    summary = summarize_eval(samples)
+    details = {**episode_metrics(groups), **errors.metrics()}
+    return EvalResult(summary.metrics, summary.table, rows, len(tasks), samples_per_task, details)
 
 
-def sample_row(task, completion, reward: float, data_source: str) -> dict:
+def eval_sample(t: Trajectory, source: str) -> Sample:
+    """An episode as evaluation counts it: the task's verdict (a pass when at least 1: a right
+    answer, a won game), its length the ids the model generated (env replies excluded)."""
+    num_generated = sum(t.completion.loss_mask or [1] * len(t.completion.token_ids))
+    verdict = t.rewards.get(ENV_REWARD, t.reward)
+    return Sample(verdict, num_generated, t.completion.finish_reason, source)
+
+
+def sample_row(
+    task, completion, reward: float, data_source: str, rewards: dict[str, float] | None = None
+) -> dict:
     return {
         "task_id": task.id,
         "data_source": data_source,
@@ -99,6 +112,7 @@ def sample_row(task, completion, reward: float, data_source: str) -> dict:
         "answer": task.answer,
         "completion": completion.text,
         "reward": reward,
+        "rewards": rewards or {},
         "num_tokens": len(completion.token_ids),
         "finish_reason": completion.finish_reason,
     }

@@ -118,7 +118,7 @@ def tasks_to_score(source) -> list:
 def generation_budget(cfg, served, tasks) -> int:
     """eval.max_new_tokens, or the default cut to what the context leaves; a set budget that
     does not fit the longest prompt is an error naming the value that would."""
-    from reinforge.train.common import render_prompt
+    from reinforge.data.chat import render_prompt
 
     longest = max(len(render_prompt(served.tokenizer, t.messages)) for t in tasks)
     room = served.max_model_len - longest

@@ -26,6 +26,7 @@ CONSOLE_FIELDS = [
     ("response_len", "len", "{:.1f}"),
     ("kl_ref", "kl_ref", "{:.4f}"),
     ("kl_sampler", "kl_smp", "{:.1e}"),
+    ("policy_kl", "dKL", "{:.1e}"),  # how far the step's update moved the policy
     ("entropy", "ent", "{:.3f}"),
     ("tokens_per_s", "tok/s", "{:.0f}"),
     ("step_s", "step_s", "{:.2f}"),
@@ -109,15 +110,13 @@ class NullLogger:
 
 def episode_fields(tokenizer, trajectory) -> dict[str, Any]:
     """What samples.jsonl keeps of an episode besides its prompt and completion (for the HTML
-    report's sample browser): its data source, its reward components, and for a multi-turn
+    report's sample browser): its data source, and for a multi-turn
     episode its turns in order, the model's (`assistant`, tool calls included as it wrote them)
     and the environment's (`env`: tool results, game boards), cut where the loss mask changes."""
     task, completion = trajectory.task, trajectory.completion
     out: dict[str, Any] = {}
     if "data_source" in task.info:  # datasets' rows name theirs; built-in tasks have one source
         out["data_source"] = str(task.info["data_source"])
-    if trajectory.rewards:
-        out["rewards"] = dict(trajectory.rewards)
     mask = completion.loss_mask
     if mask is not None and 0 in mask:
         turns, start = [], 0

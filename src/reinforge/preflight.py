@@ -222,7 +222,7 @@ def _check_distributed(cfg, pf: Preflight) -> None:
             ("algorithm.dynamic_sampling = true", "algorithm.dynamic_sampling = false")
         )
     if is_rl and cfg.algorithm.uses_value_model:
-        unsupported.append(("algorithm.advantage = 'gae' (a value head)", "another advantage"))
+        unsupported.append(("algorithm.name = 'ppo' (a value head)", "another algorithm"))
     if (not is_rl or cfg.sft.steps > 0) and cfg.model.lora.rank:
         unsupported.append(("SFT with LoRA (the adapter merge at its end)", "model.lora.rank = 0"))
     if disaggregated and is_rl and cfg.sft.steps > 0:

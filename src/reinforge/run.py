@@ -28,6 +28,13 @@ class Stopped(Exception):
         self.checkpoint = checkpoint
 
 
+def _component_notes() -> list[str]:
+    """What parts built for this run asked the summary to say (the code sandbox's gaps)."""
+    from reinforge.envs.sandbox import containment_notes
+
+    return containment_notes()
+
+
 @dataclass
 class Summary:
     command: str
@@ -39,7 +46,7 @@ class Summary:
     sft_eval_before: float | None = None
     wall_s: float = 0.0
     counters: dict[str, float] = field(default_factory=dict)  # failures counted over the run
-    notes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=_component_notes)  # built before the Summary
     extra: dict[str, Any] = field(default_factory=dict)
 
 

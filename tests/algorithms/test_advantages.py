@@ -18,6 +18,7 @@ from reinforge.algorithms.advantages import (
     rloo_advantages,
 )
 from reinforge.algorithms.presets import ADVANTAGES
+from reinforge.algorithms.table import SCALES
 
 
 def close(a, b, tol=1e-5):
@@ -49,7 +50,7 @@ def test_reinforce_pp_normalises_over_the_batch():
     assert close(reinforce_pp_advantages(r), [[0.5, -1.5], [0.5, 0.5]])
     # a zero-variance *group* still gets a shared advantage: the batch is the baseline
     assert reinforce_pp_advantages(r)[1, 0].item() > 0
-    assert close(reinforce_pp_advantages(r, normalize_std=False), [[0.25, -0.75], [0.25, 0.25]])
+    assert close(reinforce_pp_advantages(r, "none"), [[0.25, -0.75], [0.25, 0.25]])
 
 
 def test_reinforce_pp_baseline_subtracts_group_mean_then_batch_std():
@@ -61,15 +62,15 @@ def test_reinforce_pp_baseline_subtracts_group_mean_then_batch_std():
 @pytest.mark.parametrize("name", sorted(ADVANTAGES))
 def test_equal_rewards_give_zero_advantage(name):
     r = torch.full((3, 4), 0.7)
-    for normalize_std in (True, False):
-        assert torch.allclose(ADVANTAGES[name](r, normalize_std), torch.zeros(3, 4), atol=1e-6)
+    for scale in SCALES[name]:
+        assert torch.allclose(ADVANTAGES[name](r, scale, 1e-6), torch.zeros(3, 4), atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["grpo", "rloo", "reinforce_pp_baseline"])
 def test_group_relative_advantages_sum_to_zero_per_group(name):
     r = torch.rand(5, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    for normalize_std in (True, False):
-        assert close(ADVANTAGES[name](r, normalize_std).sum(1), torch.zeros(5), tol=1e-9)
+    for scale in SCALES[name]:
+        assert close(ADVANTAGES[name](r, scale, 1e-6).sum(1), torch.zeros(5), tol=1e-9)
 
 
 def test_reinforce_pp_sums_to_zero_over_the_batch_not_the_group():

@@ -11,13 +11,11 @@ from reinforge.algorithms.losses import LossInputs, PPOClipSettings, aggregate, 
 
 def test_grpo_advantages_hand_computed():
     r = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
-    adv = grpo_advantages(r, normalize_std=True, eps=0.0 + 1e-12)
+    adv = grpo_advantages(r, "group", eps=0.0 + 1e-12)
     std = math.sqrt(sum((x - 0.5) ** 2 for x in [1, 0, 0, 1]) / 3)
     assert torch.allclose(adv[0], torch.tensor([0.5, -0.5, -0.5, 0.5]) / std, atol=1e-5)
     assert torch.equal(adv[1], torch.zeros(4))  # zero-variance group: no signal
-    assert torch.allclose(
-        grpo_advantages(r, normalize_std=False)[0], torch.tensor([0.5, -0.5, -0.5, 0.5])
-    )
+    assert torch.allclose(grpo_advantages(r, "none")[0], torch.tensor([0.5, -0.5, -0.5, 0.5]))
 
 
 def test_kl_estimators_hand_computed():

@@ -177,6 +177,7 @@ def test_on_policy_ratio_one_gives_the_plain_policy_gradient(name, aggregation):
     lengths = torch.tensor([1.0, 300.0, 4.0], dtype=torch.float64)
     weight_B = {
         "token_mean": torch.full((3,), 1 / 305, dtype=torch.float64),
+        "token_sum": torch.ones(3, dtype=torch.float64),
         "seq_mean_token_mean": 1 / (lengths * 3),
         "seq_mean_token_sum_norm": torch.full((3,), 1 / (300 * 3), dtype=torch.float64),
         "seq_mean_token_sum": torch.full((3,), 1 / 3, dtype=torch.float64),

@@ -3,7 +3,12 @@
 import pytest
 import torch
 
-from reinforge.algorithms.advantages import gae_advantages, masked_whiten, outcome_token_rewards
+from reinforge.algorithms.advantages import (
+    gae_advantages,
+    masked_whiten,
+    outcome_token_rewards,
+    reinforce_pp_token_advantages,
+)
 from reinforge.algorithms.kl import kl_penalized_token_rewards
 from reinforge.algorithms.losses import AGGREGATIONS, LossInputs
 from reinforge.algorithms.presets import (
@@ -14,14 +19,25 @@ from reinforge.algorithms.presets import (
     policy_loss_settings,
 )
 
-EXPECTED = {"grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "ppo"}
+EXPECTED = {
+    "grpo",
+    "dr_grpo",
+    "dapo",
+    "gspo",
+    "cispo",
+    "rloo",
+    "reinforce_pp",
+    "reinforce_pp_token",
+    "ppo",
+}
+TOKEN_LEVEL = {"gae", "reinforce_pp_token"}
 
 
 def test_every_preset_is_complete_and_resolves():
     assert set(PRESETS) == EXPECTED
     for name, preset in PRESETS.items():
         assert set(preset) == Preset.__required_keys__, name
-        assert preset["advantage"] in ADVANTAGES or preset["advantage"] == "gae", name
+        assert preset["advantage"] in ADVANTAGES or preset["advantage"] in TOKEN_LEVEL, name
         assert preset["loss"] in POLICY_LOSSES, name
         assert preset["aggregation"] in AGGREGATIONS, name
         assert (preset["advantage"] == "gae") == preset["value_model"], name
@@ -34,7 +50,7 @@ def test_paper_values_stay_put():
     assert (dapo["clip_low"], dapo["clip_high"], dapo["aggregation"]) == (0.2, 0.28, "token_mean")
     assert dapo["dynamic_sampling"] and dapo["overlong_buffer"] == 4096
     assert (gspo["clip_low"], gspo["clip_high"], gspo["loss"]) == (3e-4, 4e-4, "gspo")
-    assert not dr["normalize_std"] and dr["aggregation"] == "seq_mean_token_sum_norm"
+    assert dr["scale_rewards"] == "none" and dr["aggregation"] == "seq_mean_token_sum_norm"
     assert PRESETS["grpo"]["kl_coef"] == 0.04 and PRESETS["grpo"]["kl_estimator"] == "k3"
     assert PRESETS["cispo"]["clip_low"] == 1.0  # no lower bound on the IS weight
 
@@ -61,16 +77,21 @@ def toy_step(num_groups=2, group_size=4, length=5):
 def test_preset_runs_end_to_end(name):
     preset = PRESETS[name]
     rewards_GN, mask, old, logp, ref = toy_step()
-    if preset["value_model"]:  # the token-level pipeline: rewards -> KL penalty -> GAE
+    if preset["advantage"] in TOKEN_LEVEL:  # rewards -> KL penalty -> GAE or REINFORCE++
         token_rewards = kl_penalized_token_rewards(
             outcome_token_rewards(rewards_GN.flatten(), mask), old, ref, mask, preset["kl_coef"]
         )
-        adv, _ = gae_advantages(
-            token_rewards, torch.zeros_like(old), mask, preset["gamma"], preset["lam"]
-        )
-        advantages = masked_whiten(adv, mask)
+        if preset["value_model"]:
+            adv, _ = gae_advantages(
+                token_rewards, torch.zeros_like(old), mask, preset["gamma"], preset["lam"]
+            )
+            advantages = masked_whiten(adv, mask)
+        else:
+            advantages = reinforce_pp_token_advantages(token_rewards, mask, preset["gamma"])
     else:
-        advantages = ADVANTAGES[preset["advantage"]](rewards_GN, preset["normalize_std"]).flatten()
+        advantages = ADVANTAGES[preset["advantage"]](
+            rewards_GN, preset["scale_rewards"], 1e-6
+        ).flatten()
     x = LossInputs(
         logp,
         old,
@@ -95,7 +116,7 @@ def test_table_names_match_the_registries():
     from reinforge.algorithms.kl import KL_ESTIMATORS
     from reinforge.algorithms.table import AdvantageName, Aggregation, KLEstimator, LossName
 
-    assert set(get_args(AdvantageName)) == set(ADVANTAGES) | {"gae", "ema_baseline"}
+    assert set(get_args(AdvantageName)) == set(ADVANTAGES) | TOKEN_LEVEL | {"ema_baseline"}
     assert set(get_args(LossName)) == set(POLICY_LOSSES)
     assert set(get_args(Aggregation)) == set(AGGREGATIONS)
     assert set(get_args(KLEstimator)) == set(KL_ESTIMATORS)

@@ -7,7 +7,7 @@ import torch
 
 from reinforge.algorithms.kl import kl_estimate, kl_penalized_rewards, kl_penalized_token_rewards
 from reinforge.algorithms.losses import LossInputs, PolicyLossSettings, ppo_clip_loss
-from reinforge.algorithms.mismatch import mismatch_kl, tis_weights
+from reinforge.algorithms.mismatch import MismatchCorrection, mismatch_kl, mismatch_weights
 
 # three completion tokens and one padding position with junk logprobs that must not count
 LOGP = torch.tensor([[-1.0, -1.0, -1.0, -9.0]])
@@ -54,7 +54,7 @@ def test_mismatch_kl_hand_computed():
 def test_tis_weights_are_capped_and_detached():
     old = torch.tensor([[-1.0, -1.0, -1.0]], requires_grad=True)
     sampler = torch.tensor([[-2.0, -1.0, -0.5]])
-    w = tis_weights(old, sampler, cap=2.0)
+    w, _ = mismatch_weights(old, sampler, torch.ones(1, 3), MismatchCorrection(tis_cap=2.0), 3.0)
     assert torch.allclose(w, torch.tensor([[2.0, 1.0, math.exp(-0.5)]]))  # e^1 capped at 2
     assert not w.requires_grad
 

@@ -7,7 +7,8 @@ import pytest
 
 from reinforge.config import TaskConfig, TrainConfig, load_config
 from reinforge.config_envs import ENV_TASK_CONFIGS
-from reinforge.envs.sources import ENV_TASKS, EnvTasks, EpisodeScorer
+from reinforge.envs.env_tasks import EnvTasks, EpisodeScorer
+from reinforge.envs.sources import ENV_TASKS
 from reinforge.errors import ConfigError
 from reinforge.tasks import build_task_source
 from reinforge.types import Message, Task
@@ -106,6 +107,6 @@ def test_scorer_refuses_unknown_components_naming_the_known_ones():
 
 
 def _specs(dicts):
-    from reinforge.config_envs import RewardWeight
+    from reinforge.config_rewards import RewardWeight
 
     return [RewardWeight(**d) for d in dicts]

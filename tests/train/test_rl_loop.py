@@ -4,6 +4,8 @@ import torch
 
 from reinforge.checkpoint import TrainerState
 from reinforge.config import TrainConfig, load_config
+from reinforge.data.chat import render_prompt
+from reinforge.rollout.sources import rollout_groups
 from reinforge.run import RunContext
 from reinforge.tasks.arithmetic import ArithmeticTasks
 from reinforge.train import rl
@@ -103,8 +105,7 @@ def test_advantages_follow_rewards_within_groups():
     )
     policy = make_policy(cfg)
     tasks = DigitTasks(cfg.task)
-    groups = rl.rollout(cfg, policy, [tasks.train_task(0), tasks.train_task(1)], seed=3)
-    rl.score(groups, tasks)
+    groups = rollout_groups(cfg, policy, tasks, [tasks.train_task(0), tasks.train_task(1)], seed=3)
     batch = build_step_batch(groups, cfg.algorithm, policy.device)
     assign_advantages(batch, Algorithm(cfg.algorithm), cfg.rollout.max_new_tokens)
     for g in groups:
@@ -117,7 +118,7 @@ def test_advantages_follow_rewards_within_groups():
             g.trajectories
         ):  # token-in/token-out: the ids the sampler produced, with their logprobs
             assert len(t.completion.token_ids) == len(t.completion.logprobs) >= 1
-            assert t.prompt_ids == rl.render_prompt(policy.tokenizer, g.task.messages)
+            assert t.prompt_ids == render_prompt(policy.tokenizer, g.task.messages)
 
 
 def test_shared_prompts_give_the_update_of_whole_sequences(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import torch
 
 from reinforge.algorithms.losses import LossInputs, PolicyLossSettings, ppo_clip_loss
 from reinforge.config import TrainConfig, load_config
-from reinforge.train import rl
+from reinforge.rollout.sources import rollout_groups
 from reinforge.train.advantage_step import assign_advantages, build_step_batch
 from reinforge.train.common import pad_batch
 from reinforge.train.optim import MixedAdamW, build_optimizer
@@ -57,8 +57,7 @@ def test_packed_update_has_the_padded_gradient(aggregation, tmp_path):
     learner.optimizer = RecordingSGD(learner.policy.model.parameters(), lr=0.0)
     learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda s: 1.0)
     tasks = DigitTasks(cfg.task)
-    groups = rl.rollout(cfg, policy, [tasks.train_task(i) for i in range(4)], seed=5)
-    rl.score(groups, tasks)
+    groups = rollout_groups(cfg, policy, tasks, [tasks.train_task(i) for i in range(4)], seed=5)
     batch = build_step_batch(groups, cfg.algorithm, policy.device)
     assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
     assert len({t.advantage for t in batch.trajs}) > 2
@@ -125,8 +124,7 @@ def test_a_batch_without_signal_leaves_the_weights_alone(tmp_path):
     policy = make_policy(cfg)
     learner = make_learner(cfg, tmp_path, policy)
     tasks = DigitTasks(cfg.task)
-    groups = rl.rollout(cfg, policy, [tasks.train_task(i) for i in range(2)], seed=5)
-    rl.score(groups, tasks)
+    groups = rollout_groups(cfg, policy, tasks, [tasks.train_task(i) for i in range(2)], seed=5)
     batch = build_step_batch(groups, cfg.algorithm, policy.device)
     assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
     assert update_policy(cfg, learner, batch)["grad_norm"] > 0  # momentum from a real step

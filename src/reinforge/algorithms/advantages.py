@@ -1,13 +1,18 @@
 """Advantage estimators: rewards in, advantages out.
 
 Outcome-reward estimators take group rewards [G prompts, N samples] and share one signature,
-`(rewards_GN, normalize_std) -> advantages_GN`, so the loop picks one from `presets.ADVANTAGES`:
+`(rewards_GN, scale, eps) -> advantages_GN`, so the loop picks one from `presets.ADVANTAGES`:
 
-  grpo                   (r_i - mean_g) / (std_g + eps)             Shao et al. 2024
-                         without std: Dr. GRPO                      Liu et al. 2025
+  grpo                   (r_i - mean_g) / (std + eps)               Shao et al. 2024
+                         scale "none": Dr. GRPO                     Liu et al. 2025
   rloo                   r_i - mean_{j != i} r_j                    Kool et al. 2019; Ahmadian et al. 2024
   reinforce_pp           (r - mean_batch) / std_batch               Hu et al. 2025 (REINFORCE++)
   reinforce_pp_baseline  r~ = r_i - mean_g, then r~ / std_batch(r~)   (REINFORCE++ w/ Baseline)
+
+`scale` says which standard deviation divides (TRL's `scale_rewards`): "group" (the group's
+rewards), "batch" (the whole step's rewards; for reinforce_pp_baseline, the step's group-centred
+rewards, as the paper and verl do) or "none". `SCALES` lists what each estimator accepts. Std is
+the unbiased sample std; eps is TRL's 1e-4 or verl's 1e-6 (`algorithm.advantage_eps`).
 
 Token-level estimators work on per-token rewards over a ragged mask: `gae_advantages` (PPO, needs
 values), `discounted_returns` and `reinforce_pp_token_advantages` (REINFORCE++ with the KL penalty
@@ -19,65 +24,76 @@ from __future__ import annotations
 
 import torch
 
+from reinforge.algorithms.table import SCALES, Scale
+
+# verl's masked_whiten: (x - mean) * rsqrt(var + 1e-8)
+WHITEN_EPS = 1e-8
+
 
 def grpo_advantages(
-    rewards_GN: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6
+    rewards_GN: torch.Tensor, scale: Scale = "group", eps: float = 1e-6
 ) -> torch.Tensor:
-    """rewards_GN: [groups, samples per group] -> advantages [G, N]. A group whose rewards are all
-    equal gets zero advantage (it carries no signal). Std is the unbiased sample std of the group.
-    Advantages of each group sum to zero."""
-    centred = _centre_groups(rewards_GN)
-    if not normalize_std:
-        return centred
-    std = (
-        centred.std(dim=1, keepdim=True, unbiased=True)
-        if rewards_GN.shape[1] > 1
-        else torch.zeros_like(centred[:, :1])
-    )
-    return centred / (std + eps)
+    """rewards_GN: [groups, samples per group] -> advantages [G, N]: r - mean_g(r), divided by
+    the std `scale` names, plus eps. A group whose rewards are all equal gets zero advantage (it
+    carries no signal), and each group's advantages sum to zero, whatever the scale."""
+    return _scaled(_centre_groups(rewards_GN), rewards_GN, scale, eps)
 
 
 def rloo_advantages(
-    rewards_GN: torch.Tensor, normalize_std: bool = False, eps: float = 1e-6
+    rewards_GN: torch.Tensor, scale: Scale = "none", eps: float = 1e-6
 ) -> torch.Tensor:
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740):
     A_i = r_i - 1/(N-1) * sum_{j != i} r_j  =  N/(N-1) * (r_i - mean_g).
     The baseline of sample i never sees r_i, so the estimator is unbiased; each group's
-    advantages sum to zero. `normalize_std` (not in the paper) divides by the group std."""
+    advantages sum to zero. A `scale` other than "none" (not in the paper) divides by a std."""
     num_samples = rewards_GN.shape[1]
     if num_samples < 2:
         raise ValueError("RLOO needs at least 2 samples per prompt: set rollout.samples_per_prompt")
     # r_i - (sum - r_i) / (N - 1) rearranges to N/(N-1) * (r_i - mean_g): one centring, exact zeros
-    centred = _centre_groups(rewards_GN)
-    adv = num_samples / (num_samples - 1) * centred
-    if normalize_std:
-        adv = adv / (centred.std(dim=1, keepdim=True, unbiased=True) + eps)
-    return adv
+    centred = num_samples / (num_samples - 1) * _centre_groups(rewards_GN)
+    return _scaled(centred, rewards_GN, scale, eps)
 
 
 def reinforce_pp_advantages(
-    rewards_GN: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6
+    rewards_GN: torch.Tensor, scale: Scale = "batch", eps: float = 1e-6
 ) -> torch.Tensor:
     """REINFORCE++ (Hu et al. 2025, arXiv:2501.03262) with sequence rewards and no group baseline:
     A = (r - mean_batch(r)) / std_batch(r). The whole step's batch is the normaliser, not the
     prompt's group, so a group whose rewards are all equal still gets a (shared) advantage."""
-    centred = _centre_batch(rewards_GN)
-    if not normalize_std:
-        return centred
-    return centred / (_batch_std(centred) + eps)
+    _check_scale("reinforce_pp", scale)
+    return _scaled(_centre_batch(rewards_GN), rewards_GN, scale, eps)
 
 
 def reinforce_pp_baseline_advantages(
-    rewards_GN: torch.Tensor, normalize_std: bool = True, eps: float = 1e-6
+    rewards_GN: torch.Tensor, scale: Scale = "batch", eps: float = 1e-6
 ) -> torch.Tensor:
     """REINFORCE++ w/ Baseline (Hu et al. 2025), the paper's variant for reasoning with k > 1
     samples per prompt: subtract the group mean, then whiten over the whole batch:
     r~_i = r_i - mean_g(r),  A_i = (r~_i - mean_batch(r~)) / std_batch(r~).
     mean_batch(r~) is 0 up to rounding; each group's advantages sum to zero."""
+    _check_scale("reinforce_pp_baseline", scale)
     centred = _centre_batch(_centre_groups(rewards_GN))
-    if not normalize_std:
+    return _scaled(centred, centred, scale, eps)
+
+
+def _check_scale(name: str, scale: str) -> None:
+    if scale not in SCALES[name]:
+        raise ValueError(
+            f"scale_rewards = {scale!r} does not apply to advantage = {name!r}; use one of "
+            f"{', '.join(SCALES[name])}"
+        )
+
+
+def _scaled(centred: torch.Tensor, spread: torch.Tensor, scale: Scale, eps: float) -> torch.Tensor:
+    """centred / (std of `spread` + eps): per group (rows) or over the batch; as is for none."""
+    if scale == "none":
         return centred
-    return centred / (_batch_std(centred) + eps)
+    if scale == "batch":
+        return centred / (_batch_std(spread) + eps)
+    assert scale == "group", scale
+    if spread.shape[1] < 2:
+        return centred  # a single sample is its own mean: 0 already
+    return centred / (spread.std(dim=1, keepdim=True, unbiased=True) + eps)
 
 
 def _centre_groups(rewards_GN: torch.Tensor) -> torch.Tensor:
@@ -150,25 +166,32 @@ def discounted_returns(
 
 
 def masked_whiten(
-    values_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float = 1e-6
+    values_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float = WHITEN_EPS
 ) -> torch.Tensor:
-    """(x - mean) / std over the masked-in entries of the whole batch; 0 off the mask."""
+    """(x - mean) * rsqrt(var + eps) over the masked-in entries of the whole batch, var unbiased;
+    0 off the mask. verl's form and eps (1e-8) where it whitens (GAE, REINFORCE++): eps inside
+    the root, so a batch of equal values maps to 0 and a spread of s to about 1/s."""
     count = mask_BT.sum()
     valid = values_BT[mask_BT > 0]
     shifted_BT = values_BT - (valid[0] if valid.numel() else 0.0)  # see _centre_groups
     centred_BT = shifted_BT - (shifted_BT * mask_BT).sum() / count.clamp(min=1.0)
     var = (centred_BT.square() * mask_BT).sum() / (count - 1.0).clamp(min=1.0)
-    return centred_BT / (var.sqrt() + eps) * mask_BT
+    return centred_BT * torch.rsqrt(var + eps) * mask_BT
 
 
 def reinforce_pp_token_advantages(
-    token_rewards_BT: torch.Tensor, mask_BT: torch.Tensor, eps: float = 1e-6
+    token_rewards_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    gamma: float = 1.0,
+    whiten: bool = True,
+    eps: float = WHITEN_EPS,
 ) -> torch.Tensor:
-    """REINFORCE++ as first published (Hu et al. 2025): token rewards that already
-    carry the per-token KL penalty (`kl.kl_penalized_token_rewards` on `outcome_token_rewards`),
-    undiscounted returns A_t = r - beta * sum_{s >= t} KL_s, whitened over every token of the
-    batch."""
-    return masked_whiten(discounted_returns(token_rewards_BT, mask_BT, 1.0), mask_BT, eps)
+    """REINFORCE++ as first published (Hu et al. 2025): token rewards that already carry the
+    per-token KL penalty (`kl.kl_penalized_token_rewards` on `outcome_token_rewards`), discounted
+    returns G_t = sum_{s >= t} gamma^(s-t) r_s over the completion's tokens, whitened over every
+    token of the batch (`whiten`)."""
+    returns_BT = discounted_returns(token_rewards_BT, mask_BT, gamma)
+    return masked_whiten(returns_BT, mask_BT, eps) if whiten else returns_BT
 
 
 class EMABaseline:

@@ -6,6 +6,17 @@ tokens sampled from the policy:
   k1 = log_ratio                          unbiased, high variance, can be negative
   k2 = 0.5 * log_ratio^2                  biased, low variance
   k3 = exp(-log_ratio) - 1 + log_ratio    unbiased, low variance, always >= 0
+  abs = |log_ratio|                       (verl's "abs")
+  k3+ = k3's value, k2's gradient          straight-through (verl's "k3+" / "low_var_kl+")
+
+k3 is clamped as verl's `low_var_kl` is: the log-ratio to [-20, 20] before the exponential, the
+estimate to [-10, 10] after it. Unclamped, a log-ratio below -20 gives k3 ~ e^20 with gradient
+1 - e^20 (after a clamp of the exponent alone: +1, which pushes the policy further from the
+reference); clamped, k3 is at most 10 and passes no gradient once past the clamp (log-ratio below
+about -2.6 or above 11). k3+ keeps the clamped value but takes k2's gradient, log_ratio, so the
+pull back towards the reference grows with the distance instead of vanishing: the choice when the
+policy may wander far (verl's argument: k1 and k3 have the right expected value but not the right
+expected gradient as a loss term; k2's gradient is).
 
 Placement. As a *loss term* (GRPO) the estimator is differentiated: `kl_coef * KL` is added to
 each token's loss (see `losses.py`). As a *reward penalty* (PPO for LMs, REINFORCE++, RLOO) it is
@@ -33,12 +44,33 @@ def _k2(log_ratio: torch.Tensor) -> torch.Tensor:
     return 0.5 * log_ratio.square()
 
 
+# verl's low_var_kl bounds: the log-ratio before exp, the estimate after
+MAX_KL_LOG_RATIO = 20.0
+MAX_K3 = 10.0
+
+
 def _k3(log_ratio: torch.Tensor) -> torch.Tensor:
-    # clamp keeps exp finite when a token was essentially impossible under the policy
-    return torch.exp((-log_ratio).clamp(max=20.0)) - 1.0 + log_ratio
+    clamped = log_ratio.clamp(-MAX_KL_LOG_RATIO, MAX_KL_LOG_RATIO)
+    return (torch.exp(-clamped) - 1.0 + clamped).clamp(-MAX_K3, MAX_K3)
 
 
-KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"k1": _k1, "k2": _k2, "k3": _k3}
+def _abs(log_ratio: torch.Tensor) -> torch.Tensor:
+    return log_ratio.abs()
+
+
+def _k3_plus(log_ratio: torch.Tensor) -> torch.Tensor:
+    """Straight-through: the value of k3, the gradient of k2."""
+    k2 = _k2(log_ratio)
+    return k2 - k2.detach() + _k3(log_ratio).detach()
+
+
+KL_ESTIMATORS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "k1": _k1,
+    "k2": _k2,
+    "k3": _k3,
+    "abs": _abs,
+    "k3+": _k3_plus,
+}
 
 
 def kl_estimate(

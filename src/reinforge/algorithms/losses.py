@@ -7,8 +7,9 @@ micro-batching. Metrics follow the same rule (token means over the step's tokens
 sums them over micro-batches too.
 
 Every loss builds a per-token loss [B, T], then `_finish` applies what all of them share: the
-truncated importance-sampling weight for rollout/trainer mismatch (`mismatch.py`), the KL-to-
-reference loss term, the entropy bonus, and the aggregation.
+rollout/trainer mismatch weight (truncated or masked importance sampling, `mismatch.py`), the
+KL-to-reference loss term (optionally importance-corrected), the entropy bonus, and the
+aggregation.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from reinforge.algorithms.kl import KL_ESTIMATORS, kl_estimate
-from reinforge.algorithms.mismatch import tis_weights
+from reinforge.algorithms.mismatch import MismatchCorrection, MismatchLevel, mismatch_weights
 from reinforge.algorithms.table import Aggregation, KLEstimator
 
 # exp() of a log-ratio above this overflows float32 towards inf, and inf * 0 in the backward pass
@@ -51,6 +52,12 @@ class PolicyLossSettings:
     aggregation: Aggregation = "token_mean"
     dual_clip_c: float | None = None  # PPO dual clip: cap the loss at -c * A for A < 0 (c > 1)
     tis_cap: float | None = None  # truncated IS for sampler/trainer mismatch (None = off)
+    tis_level: MismatchLevel = "token"  # TIS ratio per token, or one per sequence
+    mis_low: float | None = None  # masked IS: drop where the ratio < mis_low (None = no floor)
+    mis_high: float | None = None  # ... or > mis_high (None = no ceiling)
+    mis_level: MismatchLevel = "token"  # drop tokens, or whole sequences
+    # TRL's use_bias_correction_kl: the KL term times the current/old ratio (with its gradient)
+    kl_importance_correction: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.clip_low <= 1.0:
@@ -59,12 +66,19 @@ class PolicyLossSettings:
             raise ValueError(f"clip_high={self.clip_high} must be >= 0")
         if self.dual_clip_c is not None and self.dual_clip_c <= 1.0:
             raise ValueError(f"dual_clip_c={self.dual_clip_c} must be > 1 (or None to turn it off)")
-        if self.tis_cap is not None and self.tis_cap <= 0.0:
-            raise ValueError(f"tis_cap={self.tis_cap} must be > 0 (or None to turn TIS off)")
+        self.mismatch.check()
         if self.aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation {self.aggregation!r}: use one of {sorted(AGGREGATIONS)}")
         if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"kl_estimator {self.kl_estimator!r}: use one of k1, k2, k3")
+            raise ValueError(
+                f"kl_estimator {self.kl_estimator!r}: use one of {', '.join(KL_ESTIMATORS)}"
+            )
+
+    @property
+    def mismatch(self) -> MismatchCorrection:
+        return MismatchCorrection(
+            self.tis_cap, self.tis_level, self.mis_low, self.mis_high, self.mis_level
+        )
 
 
 PPOClipSettings = PolicyLossSettings  # the name the loop imported first; same settings
@@ -100,8 +114,15 @@ def _seq_mean_token_sum(values_BT: torch.Tensor, x: LossInputs) -> torch.Tensor:
     return (values_BT * x.mask_BT).sum() / max(x.num_seqs_total, 1.0)
 
 
+def _token_sum(values_BT: torch.Tensor, x: LossInputs) -> torch.Tensor:
+    """verl's token-sum: every token's loss added up, no normaliser; the step's gradient grows
+    with its token count (scale the learning rate accordingly)."""
+    return (values_BT * x.mask_BT).sum()
+
+
 AGGREGATIONS: dict[str, Callable[[torch.Tensor, LossInputs], torch.Tensor]] = {
     "token_mean": _token_mean,
+    "token_sum": _token_sum,
     "seq_mean_token_mean": _seq_mean_token_mean,
     "seq_mean_token_sum_norm": _seq_mean_token_sum_norm,
     "seq_mean_token_sum": _seq_mean_token_sum,
@@ -216,24 +237,56 @@ def _finish(
     s: PolicyLossSettings,
     metrics: dict[str, torch.Tensor],
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Shared tail: TIS weight on the policy-gradient term, KL and entropy terms, aggregation."""
-    if s.tis_cap is not None:
+    """Shared tail: the sampler/trainer correction weight on the policy-gradient term, KL and
+    entropy terms, aggregation."""
+    correction = s.mismatch
+    if correction.is_active:
         if x.sampler_logprobs_BT is None:
             raise ValueError(
-                "tis_cap is set but LossInputs.sampler_logprobs_BT is None: pass the "
-                "rollout engine's logprobs, or set tis_cap to None"
+                "a sampler/trainer correction (tis_cap or mis_low/mis_high) is set but "
+                "LossInputs.sampler_logprobs_BT is None: pass the rollout engine's logprobs, or "
+                "turn the correction off"
             )
-        weight_BT = tis_weights(x.old_logprobs_BT, x.sampler_logprobs_BT, s.tis_cap)
+        weight_BT, weight_metrics = mismatch_weights(
+            x.old_logprobs_BT, x.sampler_logprobs_BT, x.mask_BT, correction, x.num_tokens_total
+        )
         token_loss_BT = token_loss_BT * weight_BT
-        metrics["tis_weight_mean"] = aggregate(weight_BT, x, "token_mean")
+        metrics.update(weight_metrics)
     metrics["pg_loss"] = aggregate(token_loss_BT, x, s.aggregation).detach()
     if x.ref_logprobs_BT is not None:
-        kl_BT = kl_estimate(x.logprobs_BT, x.ref_logprobs_BT, s.kl_estimator)
-        metrics["kl_ref"] = aggregate(kl_BT, x, "token_mean").detach()
-        if s.kl_coef > 0:
-            token_loss_BT = token_loss_BT + s.kl_coef * kl_BT
+        token_loss_BT = _add_kl(token_loss_BT, x, s, metrics)
     if x.entropy_BT is not None:
         metrics["entropy"] = aggregate(x.entropy_BT, x, "token_mean").detach()
         if s.entropy_coef > 0:
             token_loss_BT = token_loss_BT - s.entropy_coef * x.entropy_BT
     return aggregate(token_loss_BT, x, s.aggregation), metrics
+
+
+def _add_kl(
+    token_loss_BT: torch.Tensor,
+    x: LossInputs,
+    s: PolicyLossSettings,
+    metrics: dict[str, torch.Tensor],
+) -> torch.Tensor:
+    """The KL-to-reference loss term, and two metrics: `kl_ref`, the token mean of the configured
+    estimator, and `kl_ref_trl`, what TRL's GRPOTrainer logs as "kl": the token mean of k3, times
+    the current/old ratio when the importance correction is on.
+
+    With `kl_importance_correction` (TRL's use_bias_correction_kl, from DeepSeek-V3.2) each
+    token's KL is multiplied by pi / pi_old, gradient through both factors: the tokens were
+    sampled by pi_old, and the ratio turns their average into an estimate of the KL under pi,
+    whose gradient then includes the score-function term KL * grad log pi."""
+    assert x.ref_logprobs_BT is not None
+    kl_BT = kl_estimate(x.logprobs_BT, x.ref_logprobs_BT, s.kl_estimator)
+    ratio_BT = torch.exp((x.logprobs_BT - x.old_logprobs_BT).clamp(max=MAX_LOG_RATIO))
+    with torch.no_grad():
+        metrics["kl_ref"] = aggregate(kl_BT, x, "token_mean")
+        k3_BT = kl_estimate(x.logprobs_BT, x.ref_logprobs_BT, "k3")
+        if s.kl_importance_correction:
+            k3_BT = k3_BT * ratio_BT
+        metrics["kl_ref_trl"] = aggregate(k3_BT, x, "token_mean")
+    if s.kl_importance_correction:
+        kl_BT = kl_BT * ratio_BT
+    if s.kl_coef > 0:
+        token_loss_BT = token_loss_BT + s.kl_coef * kl_BT
+    return token_loss_BT

@@ -2,8 +2,9 @@
 
 A preset is the combination of choices its paper used. Config fields take their defaults from
 `PRESETS[name]`; the loop then looks up `ADVANTAGES[preset["advantage"]]` and
-`POLICY_LOSSES[preset["loss"]]`. `advantage = "gae"` is the one token-level estimator: it needs
-the value model (`value_model = True`) and runs `advantages.gae_advantages` instead.
+`POLICY_LOSSES[preset["loss"]]`. The token-level estimators are not in `ADVANTAGES`: "gae" needs
+the value model (`value_model = True`) and runs `advantages.gae_advantages`; "reinforce_pp_token"
+runs `advantages.reinforce_pp_token_advantages` (train/advantage_step.py wires both).
 
 The preset data itself lives in `table.py` (plain data, no torch, so the config layer can read
 it); it is re-exported here.
@@ -32,7 +33,9 @@ from reinforge.algorithms.table import PRESETS, Preset
 
 __all__ = ["ADVANTAGES", "POLICY_LOSSES", "PRESETS", "Preset", "policy_loss_settings"]
 
-AdvantageFn = Callable[[torch.Tensor, bool], torch.Tensor]  # (rewards_GN, normalize_std) -> [G, N]
+AdvantageFn = Callable[
+    [torch.Tensor, str, float], torch.Tensor
+]  # (rewards_GN, scale, eps) -> [G, N]
 PolicyLossFn = Callable[[LossInputs, PolicyLossSettings], tuple[torch.Tensor, dict]]
 
 ADVANTAGES: dict[str, AdvantageFn] = {

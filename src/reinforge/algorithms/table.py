@@ -12,23 +12,48 @@ from __future__ import annotations
 
 from typing import Literal, TypedDict
 
-AlgorithmName = Literal["grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "ppo"]
+AlgorithmName = Literal[
+    "grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "reinforce_pp_token", "ppo"
+]
 # keys of presets.ADVANTAGES, plus the two estimators that are not (rewards_GN) -> advantages_GN
 # functions: "gae" (token-level, needs the value model) and "ema_baseline" (holds a running mean)
 AdvantageName = Literal[
-    "grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae", "ema_baseline"
+    "grpo",
+    "rloo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "gae",
+    "ema_baseline",
+    "reinforce_pp_token",
 ]
+Scale = Literal["group", "batch", "none"]  # which std divides the advantages (TRL's scale_rewards)
+# "with_tokens": a step's sequence count is its rows with a loss token (verl); "all": every row (TRL)
+SeqCount = Literal["with_tokens", "all"]
+# the scales each estimator accepts, its paper's first (batch for the token-level ones: whitening)
+SCALES: dict[str, tuple[Scale, ...]] = {
+    "grpo": ("group", "batch", "none"),
+    "rloo": ("none", "group", "batch"),
+    "reinforce_pp": ("batch", "none"),
+    "reinforce_pp_baseline": ("batch", "none"),
+    "ema_baseline": ("batch", "none"),
+    "gae": ("batch", "none"),
+    "reinforce_pp_token": ("batch", "none"),
+}
 LossName = Literal["ppo_clip", "gspo", "cispo"]  # keys of presets.POLICY_LOSSES
 Aggregation = Literal[
-    "token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm", "seq_mean_token_sum"
+    "token_mean",
+    "token_sum",
+    "seq_mean_token_mean",
+    "seq_mean_token_sum_norm",
+    "seq_mean_token_sum",
 ]
-KLEstimator = Literal["k1", "k2", "k3"]
+KLEstimator = Literal["k1", "k2", "k3", "abs", "k3+"]
 KLPlacement = Literal["loss", "reward_token", "reward_sequence"]
 
 
 class Preset(TypedDict):
     advantage: AdvantageName  # key of ADVANTAGES, or "gae" (token-level, needs the value model)
-    normalize_std: bool  # group std (GRPO), batch std (REINFORCE++), advantage whitening (PPO)
+    scale_rewards: Scale  # group std (GRPO), batch std (REINFORCE++), whitening (PPO), none
     loss: LossName  # key of POLICY_LOSSES
     clip_low: float
     clip_high: float
@@ -53,7 +78,7 @@ PRESETS: dict[str, Preset] = {
     # each sequence's tokens then over sequences, KL to the reference as a k3 loss term with
     # beta = 0.04. The paper does not state its clip eps; 0.2 is PPO's default.
     "grpo": {
-        "advantage": "grpo", "normalize_std": True, "loss": "ppo_clip",
+        "advantage": "grpo", "scale_rewards": "group", "loss": "ppo_clip",
         "clip_low": 0.2, "clip_high": 0.2, "dual_clip_c": None,
         "aggregation": "seq_mean_token_mean",
         "kl_coef": 0.04, "kl_estimator": "k3", "kl_placement": "loss", "entropy_coef": 0.0,
@@ -64,7 +89,7 @@ PRESETS: dict[str, Preset] = {
     # normalisation; token sums divided by a constant (the generation budget), mean over
     # sequences. No KL term in their runs (beta = 0, as we read the paper); clip 0.2.
     "dr_grpo": {
-        "advantage": "grpo", "normalize_std": False, "loss": "ppo_clip",
+        "advantage": "grpo", "scale_rewards": "none", "loss": "ppo_clip",
         "clip_low": 0.2, "clip_high": 0.2, "dual_clip_c": None,
         "aggregation": "seq_mean_token_sum_norm",
         "kl_coef": 0.0, "kl_estimator": "k3", "kl_placement": None, "entropy_coef": 0.0,
@@ -78,7 +103,7 @@ PRESETS: dict[str, Preset] = {
     # authors' verl recipe name only the soft punishment; we leave filtering off (turn on
     # mask_truncated to match the table).
     "dapo": {
-        "advantage": "grpo", "normalize_std": True, "loss": "ppo_clip",
+        "advantage": "grpo", "scale_rewards": "group", "loss": "ppo_clip",
         "clip_low": 0.2, "clip_high": 0.28, "dual_clip_c": None,
         "aggregation": "token_mean",
         "kl_coef": 0.0, "kl_estimator": "k3", "kl_placement": None, "entropy_coef": 0.0,
@@ -90,7 +115,7 @@ PRESETS: dict[str, Preset] = {
     # (seq_mean_token_mean makes the GSPO-token form equal the sequence form). The paper
     # describes no KL term.
     "gspo": {
-        "advantage": "grpo", "normalize_std": True, "loss": "gspo",
+        "advantage": "grpo", "scale_rewards": "group", "loss": "gspo",
         "clip_low": 3e-4, "clip_high": 4e-4, "dual_clip_c": None,
         "aggregation": "seq_mean_token_mean",
         "kl_coef": 0.0, "kl_estimator": "k3", "kl_placement": None, "entropy_coef": 0.0,
@@ -104,7 +129,7 @@ PRESETS: dict[str, Preset] = {
     # instead. UNVERIFIED. MiniMax-M1 says it also adopts DAPO's dynamic sampling and length
     # penalty (our reading); it gives no buffer length we could find, so overlong_buffer is unset.
     "cispo": {
-        "advantage": "grpo", "normalize_std": True, "loss": "cispo",
+        "advantage": "grpo", "scale_rewards": "group", "loss": "cispo",
         "clip_low": 1.0, "clip_high": 5.0, "dual_clip_c": None,
         "aggregation": "token_mean",
         "kl_coef": 0.0, "kl_estimator": "k3", "kl_placement": None, "entropy_coef": 0.0,
@@ -118,7 +143,7 @@ PRESETS: dict[str, Preset] = {
     # acts if data is reused. beta = 0.05 is TRL's RLOO default; the paper tunes beta per task and
     # we did not verify its values. UNVERIFIED.
     "rloo": {
-        "advantage": "rloo", "normalize_std": False, "loss": "ppo_clip",
+        "advantage": "rloo", "scale_rewards": "none", "loss": "ppo_clip",
         "clip_low": 0.2, "clip_high": 0.2, "dual_clip_c": None,
         "aggregation": "seq_mean_token_sum",
         "kl_coef": 0.05, "kl_estimator": "k1", "kl_placement": "reward_sequence",
@@ -132,12 +157,28 @@ PRESETS: dict[str, Preset] = {
     # into token rewards, batch-whitened returns) is `advantages.reinforce_pp_token_advantages`.
     # kl_coef 1e-3 and token_mean aggregation are our choice, not verified against the paper.
     "reinforce_pp": {
-        "advantage": "reinforce_pp_baseline", "normalize_std": True, "loss": "ppo_clip",
+        "advantage": "reinforce_pp_baseline", "scale_rewards": "batch", "loss": "ppo_clip",
         "clip_low": 0.2, "clip_high": 0.2, "dual_clip_c": None,
         "aggregation": "token_mean",
         "kl_coef": 1e-3, "kl_estimator": "k2", "kl_placement": "loss", "entropy_coef": 0.0,
         "dynamic_sampling": False, "overlong_buffer": None, "mask_truncated": False,
         "value_model": False, "gamma": None, "lam": None, "value_clip": None,
+    },
+    # REINFORCE++ as first published (Hu et al. 2025, arXiv:2501.03262, v1): no baseline, the
+    # reward on the last token, a k1 KL penalty on every token's reward, discounted returns
+    # (gamma = 1), whitened over every token of the batch; PPO clip 0.2. verl's
+    # reinforce_plus_plus estimator computes the same; its example
+    # (examples/reinforce_plus_plus_trainer) puts a k1 KL in the reward at verl's default
+    # kl_ctrl.kl_coef 1e-3 with token-mean aggregation. beta = 1e-3 is that, UNVERIFIED against
+    # the paper.
+    "reinforce_pp_token": {
+        "advantage": "reinforce_pp_token", "scale_rewards": "batch", "loss": "ppo_clip",
+        "clip_low": 0.2, "clip_high": 0.2, "dual_clip_c": None,
+        "aggregation": "token_mean",
+        "kl_coef": 1e-3, "kl_estimator": "k1", "kl_placement": "reward_token",
+        "entropy_coef": 0.0,
+        "dynamic_sampling": False, "overlong_buffer": None, "mask_truncated": False,
+        "value_model": False, "gamma": 1.0, "lam": None, "value_clip": None,
     },
     # PPO (Schulman et al. 2017, arXiv:1707.06347) with GAE (Schulman et al. 2016,
     # arXiv:1506.02438) as used for LMs by InstructGPT (Ouyang et al. 2022, arXiv:2203.02155):
@@ -145,7 +186,7 @@ PRESETS: dict[str, Preset] = {
     # beta = 0.02 are common LM-PPO settings we recall from that line of work, UNVERIFIED;
     # advantages whitened over the batch.
     "ppo": {
-        "advantage": "gae", "normalize_std": True, "loss": "ppo_clip",
+        "advantage": "gae", "scale_rewards": "batch", "loss": "ppo_clip",
         "clip_low": 0.2, "clip_high": 0.2, "dual_clip_c": None,
         "aggregation": "token_mean",
         "kl_coef": 0.02, "kl_estimator": "k1", "kl_placement": "reward_token",

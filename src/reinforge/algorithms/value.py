@@ -45,10 +45,13 @@ def clipped_value_loss(
     error_BT = (values_BT - returns_BT).square()
     metrics: dict[str, torch.Tensor] = {}
     if clip_eps is not None:
-        clipped_BT = old_values_BT + (values_BT - old_values_BT).clamp(-clip_eps, clip_eps)
-        clipped_error_BT = (clipped_BT - returns_BT).square()
+        delta_BT = values_BT - old_values_BT
+        clamped_BT = delta_BT.clamp(-clip_eps, clip_eps)
+        clipped_error_BT = (old_values_BT + clamped_BT - returns_BT).square()
         with torch.no_grad():
-            is_clipped_BT = (clipped_error_BT > error_BT).float()
+            # the clamp itself decides: rebuilding V_old + clamp(V - V_old) and comparing its
+            # error with V's would count unclipped tokens where float32 rounding differs
+            is_clipped_BT = ((clamped_BT != delta_BT) & (clipped_error_BT > error_BT)).float()
             metrics["value_clip_frac"] = (is_clipped_BT * mask_BT).sum() / max(num_tokens_total, 1)
         error_BT = torch.maximum(error_BT, clipped_error_BT)
     loss = 0.5 * (error_BT * mask_BT).sum() / max(num_tokens_total, 1.0)

@@ -33,15 +33,33 @@ class ChatExample:
         return self.spans[0][0]
 
 
-def render_ids(tokenizer, messages: Sequence[Message], add_generation_prompt: bool) -> list[int]:
+def render_ids(
+    tokenizer,
+    messages: Sequence[Message],
+    add_generation_prompt: bool,
+    tools: list[dict] | None = None,
+) -> list[int]:
+    """The chat template's ids for `messages` (and the tool schemas `tools`, which templates
+    with tool support show the model)."""
     return list(
         tokenizer.apply_chat_template(
             [m.to_dict() for m in messages],
+            tools=tools or None,
             add_generation_prompt=add_generation_prompt,
             tokenize=True,
             return_dict=False,
         )
     )
+
+
+def render_prompt(tokenizer, messages: Sequence[Message], tools: list[dict] | None = None):
+    """Token ids of the chat-formatted prompt, ending where the assistant's reply begins."""
+    return render_ids(tokenizer, messages, add_generation_prompt=True, tools=tools)
+
+
+def eos_ids(tokenizer) -> list[int]:
+    """The ids that end an assistant turn: the tokenizer's EOS (none when it has no EOS)."""
+    return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
 
 def chat_example(

@@ -10,6 +10,7 @@ template, records the exact ids, and masks environment tokens out of the loss.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -46,11 +47,14 @@ class Env(Protocol):
 
 
 class SingleTurnEnv:
-    """Any dataset of prompts with checkable answers: one assistant turn, then the reward."""
+    """Any dataset of prompts with checkable answers: one assistant turn, then the reward.
+
+    Without `reward_fn` the env reports no score of its own: its task source's reward scores the
+    turn (`envs.sources.single_turn_tasks`), guarded and counted like every reward component."""
 
     name = "single_turn"
 
-    def __init__(self, reward_fn):
+    def __init__(self, reward_fn: Callable[[str, Task], float] | None = None):
         self.reward_fn = reward_fn  # (completion_text, task) -> float
 
     def reset(self, task: Task) -> EnvState:
@@ -60,8 +64,7 @@ class SingleTurnEnv:
         state.messages.append(assistant)
         state.turn += 1
         state.done = True
-        return StepResult(
-            messages=[],
-            done=True,
-            rewards={"reward": self.reward_fn(assistant.content, state.task)},
-        )
+        rewards = {}
+        if self.reward_fn is not None:
+            rewards["reward"] = self.reward_fn(assistant.content, state.task)
+        return StepResult(messages=[], done=True, rewards=rewards)

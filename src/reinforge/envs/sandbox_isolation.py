@@ -1,72 +1,116 @@
-"""The sandbox's isolation (`envs.sandbox`): what each backend and platform gets, the bwrap
-command line (a read-only view of the system with only the work dir writable), and for the
-rlimit backend as root the folders the launcher covers with private mounts.
+"""The sandbox's isolation (`envs.sandbox`): the bwrap command line, the private mounts of the
+rlimit backend as root, and what each backend does not contain (`uncontained`), which the refusal,
+the run summary and docs/security.md all state.
 
-As root, every run gets a fresh unprivileged uid: RLIMIT_NPROC is not enforced for uid 0
-(measured here: a fork bomb under `prlimit --nproc=20` ran unchecked, also inside a bwrap user
-namespace), host files are not that uid's to write, and afterwards "every process of that uid"
-is exactly what the code started, so even a process that left the group with setsid() is killed.
-That is also why bwrap as root unshares every namespace except the user one (a user namespace
-would map only uid 0, and the launcher could not drop to another uid) instead of
-`--unshare-all`; without root, `--unshare-all` is used.
+bwrap: its own network, pid, ipc and uts namespaces; a tmpfs root with /usr, /etc/ld.so.* and the
+interpreter's folders bound read-only (also a venv under /tmp: those binds come after the private
+/tmp); private size-capped tmpfs on /tmp (the work dir), /dev/shm and /run. Without root bwrap
+also makes a user namespace (`--unshare-all`). As root it does not, so that the launcher can drop
+to a fresh uid: RLIMIT_NPROC is not enforced for uid 0 (a fork bomb under `prlimit --nproc=20`
+ran unchecked, also in a bwrap user namespace), and root's files are not that uid's to write.
 
-What each platform gets, measured in the dev container (Linux 6.18, Debian 12, bubblewrap 0.8
-from apt, Python 3.11 so unshare(2) goes through ctypes; as root with CAP_SYS_ADMIN, and as uid
-1000, where the kernel allows unprivileged user namespaces). `bwrap` runs there in both cases,
-`unshare -n` as root; tests/envs/test_sandbox.py checks every case it can reach (it runs as root):
+rlimit as root: the launcher drops to a fresh uid too, in its own network, mount and pid
+namespaces, with a fresh /proc (only its own processes), and size-capped empty tmpfs over /tmp,
+/var/tmp, /dev/shm, /run and the folders where users keep files (/home, /root, /srv, /mnt,
+/media, /opt, the trainer's working directory), the interpreter bound back read-only. The rest
+of the host stays visible: world-readable files elsewhere are readable.
 
-- bwrap, root. Network: own netns. Filesystem: a tmpfs root with /usr, the interpreter and
-  /etc/ld.so.* read-only; only the work dir is writable. Processes: NPROC on a fresh uid; the
-  pid namespace dies with bwrap.
-- bwrap, not root (`--unshare-all`): the same, but NPROC also counts the caller's own tasks.
-- rlimit, root. Network: own netns (CLONE_NEWNET). Filesystem: the host, seen by a fresh uid
-  (root-owned files are read-only to it), with private empty /tmp, /var/tmp and /dev/shm (a
-  mount namespace). Processes: NPROC on the fresh uid; after the run every process of that uid
-  is killed.
-- rlimit, not root. Network: own netns inside a user namespace (measured here; none where the
-  kernel forbids unprivileged user namespaces). Filesystem: the host, as the caller, whose files
-  and /proc/<pid>/environ are open to the code. Processes: NPROC counted with the caller's
-  tasks; the process group is killed, so a child that called setsid() escapes.
-
-`network_isolated` and `filesystem` ("isolated" for bwrap, "private_tmp", "host") in each result
-report what that run got; where a netns or mount namespace is refused, the run goes on and says
-so. If the trainer dies mid-run, the code's process dies with it (PR_SET_PDEATHSIG; under
-bwrap, --die-with-parent takes the whole pid namespace).
+rlimit without root: the code runs as the caller. Resource limits, the per-call memory and disk
+accounting and a clean environment hold; the rest is the caller's to lose (`uncontained`).
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import sys
 
 _ETC_PATHS = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/alternatives")
-_SHARED_TMP = ("/tmp", "/var/tmp", "/dev/shm")  # world-writable: the rlimit backend hides them
+_USER_DIRS = ("/home", "/root", "/srv", "/mnt", "/media", "/opt")
+_SYSTEM_DIRS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/proc", "/sys")
+_SMALL_TMPFS = 64 * 1024  # an empty folder's tmpfs: nothing may be stored there
+_RUN_TMPFS = 1024 * 1024
+
+# What the code can do to the host where a backend does not stop it (docs/security.md's rows).
+_NOT_AS_ROOT = {
+    "signal": "signal or ptrace the trainer and every process of its user (os.kill(os.getppid(), "
+    "9), kill(-1, 9)), and read their command lines and environments",
+    "files": "read and write every file the user can: 0600 files, $HOME, the checkpoint directory",
+    "sockets": "connect to the user's unix sockets",
+    "shared_tmp": "leave files in the shared /tmp and /dev/shm, outside the memory and disk caps, "
+    "for the next call to read",
+    "survive": "outlive the call by killing the launcher first (a setsid daemon that does not is "
+    "killed)",
+}
+_ROOT = {
+    "world_readable": "read world-readable host files outside the covered folders (/home, /root, "
+    "/srv, /mnt, /media, /opt, the working directory), and connect to world-writable unix sockets "
+    "there",
+}
 
 
-def bwrap_prefix(bwrap: str | None, workdir: str, python: str, is_root: bool) -> list[str]:
+def uncontained(backend: str, is_root: bool, status: dict | None = None) -> dict[str, str]:
+    """What `backend` does not contain here, by attack; empty for bwrap. `status` is a probe
+    run's report: a namespace the kernel refused widens the list."""
+    if backend == "bwrap":
+        return {}
+    status = status or {}
+    gaps = dict(_ROOT) if is_root else dict(_NOT_AS_ROOT)
+    if not status.get("network_isolated", True):
+        gaps["network"] = "reach the network (the kernel refused a network namespace here)"
+    if is_root and not status.get("namespaces", True):
+        gaps["namespaces"] = (
+            "see every process's command line, leave files in the shared /tmp and /dev/shm, and "
+            "use /run (the kernel refused mount and pid namespaces here)"
+        )
+    return gaps
+
+
+# ----------------------------------------------------------------------------- bwrap
+
+
+def bwrap_has_size(bwrap: str) -> bool:
+    """bubblewrap >= 0.7 sizes a tmpfs (`--size`); older ones (Ubuntu 22.04 has 0.6) do not,
+    and the sandbox polls the size of /tmp and /dev/shm instead."""
+    out = subprocess.run([bwrap, "--help"], capture_output=True, text=True, check=False)
+    return "--size" in out.stdout + out.stderr
+
+
+def bwrap_prefix(
+    bwrap: str | None, python: str, is_root: bool, disk_bytes: int | None
+) -> list[str]:
+    """`disk_bytes` None: the tmpfs mounts get no size (polled instead)."""
     argv = [bwrap or "bwrap", "--die-with-parent", "--new-session"]
     if is_root:  # no user namespace, so the launcher can drop to a fresh uid (docstring)
         argv += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
         argv += ["--unshare-cgroup-try", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         argv += ["--unshare-all"]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    made = {"/", "/proc", "/dev", "/tmp"}
-    argv += _bwrap_mount("--ro-bind", "/usr", made)
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    for path, size, mode in (
+        ("/tmp", disk_bytes, "1777"),  # the work dir
+        ("/dev/shm", disk_bytes, "1777"),
+        ("/run", _RUN_TMPFS, "0755"),
+    ):
+        if disk_bytes is not None:
+            argv += ["--size", str(size)]
+        argv += ["--perms", mode, "--tmpfs", path]
+    made = {"/", "/proc", "/dev", "/tmp", "/dev/shm", "/run"}
+    bound: list[str] = []
+    argv += _bwrap_mount("--ro-bind", "/usr", made, bound)
     for path in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
         if os.path.islink(path):
             argv += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
-            argv += _bwrap_mount("--ro-bind", path, made)
+            argv += _bwrap_mount("--ro-bind", path, made, bound)
     for path in (*_ETC_PATHS, *_python_dirs(python)):
-        if os.path.exists(path) and not any(_is_under(path, m) for m in made - {"/"}):
-            argv += _bwrap_mount("--ro-bind", path, made)
-    argv += _bwrap_mount("--bind", workdir, made)
-    return [*argv, "--chdir", workdir, "--"]
+        if os.path.exists(path) and not any(_is_under(path, b) for b in bound):
+            argv += _bwrap_mount("--ro-bind", path, made, bound)
+    return [*argv, "--chdir", "/tmp", "--"]
 
 
-def _bwrap_mount(op: str, path: str, made: set[str]) -> list[str]:
+def _bwrap_mount(op: str, path: str, made: set[str], bound: list[str]) -> list[str]:
     """bwrap creates missing parents with mode 0700, which the dropped uid could not enter."""
     parents = []
     parent = os.path.dirname(path)
@@ -78,6 +122,7 @@ def _bwrap_mount(op: str, path: str, made: set[str]) -> list[str]:
         args += ["--perms", "0755", "--dir", parent]
         made.add(parent)
     made.add(path)
+    bound.append(path)
     return [*args, op, path, path]
 
 
@@ -100,20 +145,32 @@ def _is_under(path: str, root: str) -> bool:
 # ----------------------------------------------------------------------------- rlimit, as root
 
 
-def private_mounts_spec(workdir: str, python: str) -> dict[str, list[str]]:
-    """Which folders the launcher covers with an empty tmpfs, and which paths it binds back.
+def private_mounts_spec(python: str, disk_bytes: int) -> dict[str, list]:
+    """The folders the launcher covers with an empty tmpfs ([path, size, mode]), and the
+    interpreter's folders under them that it binds back read-only.
 
-    The shared temp folders are covered so the code cannot leave files there; folders the fresh
-    uid could not enter on the way to the interpreter (pyenv under /root, 0700) are covered too,
-    with the interpreter bound back, since otherwise it could not even start.
+    Folders the fresh uid could not enter on the way to the interpreter (pyenv under /root,
+    0700) are covered too, since otherwise it could not even start.
     """
-    covers = [d for d in _SHARED_TMP if os.path.isdir(d)]
+    sizes = {"/tmp": (disk_bytes, "1777"), "/dev/shm": (disk_bytes, "1777")}
+    sizes["/run"] = (_RUN_TMPFS, "0755")
+    paths = ["/tmp", "/dev/shm", "/var/tmp", "/run", *_USER_DIRS, os.getcwd()]
     for path in _python_dirs(python):
         parent = os.path.dirname(path)
         while parent != "/":
             if not os.stat(parent).st_mode & stat.S_IXOTH:
-                covers.append(parent)
+                paths.append(parent)
             parent = os.path.dirname(parent)
-    covers = sorted({c for c in covers if not any(_is_under(c, o) and c != o for o in covers)})
-    exposed = [p for p in (*_python_dirs(python), workdir) if any(_is_under(p, c) for c in covers)]
+    paths = [
+        os.path.realpath(p)
+        for p in paths
+        if os.path.isdir(p) and not os.path.islink(p) and _may_cover(os.path.realpath(p))
+    ]
+    tops = sorted({p for p in paths if not any(_is_under(p, o) and p != o for o in paths)})
+    covers = [[p, *sizes.get(p, (_SMALL_TMPFS, "0755"))] for p in tops]
+    exposed = [p for p in _python_dirs(python) if any(_is_under(p, c) for c in tops)]
     return {"covers": covers, "exposed": exposed}
+
+
+def _may_cover(path: str) -> bool:
+    return path != "/" and not any(_is_under(path, s) for s in _SYSTEM_DIRS)

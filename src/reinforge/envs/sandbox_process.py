@@ -1,11 +1,16 @@
 """One sandboxed run as a process (`envs.sandbox`): the limits, the launcher started under them
 in a clean environment and its own process group, stdout and stderr read under the wall and
-output caps, the exit classified into a `SandboxResult`, and the cleanup (the group, or every
-process of the run's uid, killed; the work dir removed).
+output caps while the call's memory (and, without private mounts, its work dir) is polled, the
+exit classified into a `SandboxResult`, and the cleanup (the tree killed, the work dir removed).
 
-`killed_reason` is the limit that stopped the code: "wall" and "output" are our kills, "cpu"
-and "file_size" come from the exit signal; "memory", "file_size" and "processes" are read from
-Python's error text in stderr (MemoryError, EFBIG, EAGAIN from fork): best effort, for
+The wall clock starts when the launcher reports that the program is about to start (the status
+pipe), so time spent starting bwrap on a busy host is not charged to the code; the launcher
+itself gets `_STARTUP_SECONDS` more.
+
+`killed_reason` is the limit that stopped the code: "wall", "output", "memory" (the call's PSS
+over memory_mb) and "disk" (the work dir over max_disk_mb) are our kills; "cpu" and "file_size"
+come from the exit signal; "memory", "file_size", "disk" and "processes" are also read from
+Python's error text in stderr (MemoryError, EFBIG, ENOSPC, EAGAIN from fork): best effort, for
 reporting only.
 """
 
@@ -16,30 +21,40 @@ import json
 import math
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from reinforge.envs.sandbox_isolation import bwrap_prefix, private_mounts_spec
 from reinforge.envs.sandbox_launcher import LAUNCHER
+from reinforge.envs.sandbox_monitor import (
+    POLL_SECONDS,
+    descendants,
+    kill_tree,
+    memory_bytes,
+    tmpfs_bytes,
+    tree_bytes,
+)
 from reinforge.errors import ConfigError
 
 if TYPE_CHECKING:
     from reinforge.envs.sandbox import Sandbox
 
 _DRAIN_SECONDS = 0.2  # after the code exits, how long a background child may hold its pipes
+_STARTUP_SECONDS = 30.0  # most time from spawning to the program's start (bwrap, namespaces)
+_MIB = 1024 * 1024
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
     cpu_seconds: float = 10.0
     wall_seconds: float = 20.0
-    memory_mb: int = 1024  # address space, not resident memory: the interpreter maps ~30 MB
+    memory_mb: int = 1024  # the call's processes together (PSS), and each one's address space
     max_output_bytes: int = 64 * 1024  # stdout + stderr together
     max_file_mb: int = 16
+    max_disk_mb: int = 64  # the work dir (/tmp) and /dev/shm, each
     max_processes: int = 32
     max_open_files: int = 256
 
@@ -58,65 +73,61 @@ class SandboxResult:
     stderr: str
     exit_code: int  # negative: killed by that signal (subprocess's convention)
     timed_out: bool  # the cpu or wall limit stopped it
-    killed_reason: str | None  # cpu | wall | memory | output | file_size | processes | signal
+    killed_reason: (
+        str | None
+    )  # cpu | wall | memory | disk | output | file_size | processes | signal
     truncated: bool  # output went past max_output_bytes and was cut there
-    seconds: float
+    seconds: float  # from the program's start
     backend: str
     network_isolated: bool
-    filesystem: str  # "isolated" | "private_tmp" | "host"
+    filesystem: str  # "isolated" (bwrap) | "private" (rlimit as root) | "host"
+    status: dict = field(default_factory=dict)  # what the launcher reported
 
     @property
     def ok(self) -> bool:
         return self.exit_code == 0 and self.killed_reason is None
 
 
-def run_program(sandbox: Sandbox, backend: str, workdir: str, uid: int | None) -> SandboxResult:
-    limits = sandbox.limits
-    is_bwrap = backend == "bwrap"
+def run_program(
+    sandbox: Sandbox, backend: str, code_fd: int, workdir: str, uid: int | None
+) -> SandboxResult:
+    limits, is_bwrap = sandbox.limits, backend == "bwrap"
     status_r, status_w = os.pipe()
-    spec = {
-        "network_isolated": is_bwrap,
-        "unshare_net": not is_bwrap,
-        "private_mounts": private_mounts_spec(workdir, sandbox.python)
-        if uid is not None and not is_bwrap
-        else None,
-        "rlimits": _rlimits(limits, uid),
-        "uid": uid,
-        "status_fd": status_w,
-        "workdir": workdir,
-        "parent_pid": None if is_bwrap else os.getpid(),  # bwrap has --die-with-parent
-        "argv": [sandbox.python, "-I", "-B", "-u", "main.py"],
-    }
+    in_tmp = "/tmp/" + os.path.basename(workdir)  # under the private /tmp, where there is one
+    disk_bytes = limits.max_disk_mb * _MIB
+    spec = _launch_spec(sandbox, is_bwrap, uid, workdir, in_tmp)
+    spec.update(status_fd=status_w, code_fd=code_fd, code_bytes=os.fstat(code_fd).st_size)
     argv = [sandbox.python, "-I", "-S", "-c", LAUNCHER]
     if is_bwrap:
-        argv = [*bwrap_prefix(sandbox.bwrap, workdir, sandbox.python, sandbox.is_root), *argv]
-    start = time.monotonic()
+        sized = disk_bytes if sandbox.bwrap_sizes_tmpfs else None
+        argv = [*bwrap_prefix(sandbox.bwrap, sandbox.python, sandbox.is_root, sized), *argv]
     proc = subprocess.Popen(
         [*argv, json.dumps(spec)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd=workdir,
-        env=_clean_env(workdir, sandbox.python),
+        env=clean_env(in_tmp if is_bwrap else workdir, sandbox.python),
         start_new_session=True,  # its own process group, so one killpg reaches its children
-        pass_fds=(status_w,),
+        pass_fds=(status_w, code_fd),
     )
     os.close(status_w)
+    watch = _Watch(proc, limits, status_r, None if is_bwrap else workdir)
+    watch.poll_tmpfs = is_bwrap and not sandbox.bwrap_sizes_tmpfs
     try:
-        stdout, stderr, truncated, reason = _collect(
-            proc, start + limits.wall_seconds, limits.max_output_bytes
-        )
+        stdout, stderr, truncated, reason = watch.collect()
     finally:
-        _kill_group(proc)
+        kill_tree(proc.pid)
         proc.wait()
-    seconds = time.monotonic() - start
-    status = _read_status(status_r)
+        os.close(status_r)
+    seconds = time.monotonic() - (watch.started or watch.spawned)
     exit_code = proc.returncode
-    if is_bwrap and exit_code > 128:  # bwrap reports its child's death by signal N as 128 + N
+    if exit_code > 128:  # bwrap and the launcher report death by signal N as 128 + N
         exit_code = 128 - exit_code
     out, err = (b.decode("utf-8", errors="replace") for b in (stdout, stderr))
     reason = reason or _killed_reason(exit_code, err)
-    private_tmp = status.get("private_tmp", False)
+    status = watch.status
+    private = status.get("namespaces", False)
     return SandboxResult(
         stdout=out,
         stderr=err,
@@ -127,46 +138,114 @@ def run_program(sandbox: Sandbox, backend: str, workdir: str, uid: int | None) -
         seconds=seconds,
         backend=backend,
         network_isolated=bool(status.get("network_isolated", False)),
-        filesystem="isolated" if is_bwrap else "private_tmp" if private_tmp else "host",
+        filesystem="isolated" if is_bwrap else "private" if private else "host",
+        status=status,
     )
 
 
-def _collect(
-    proc: subprocess.Popen, deadline: float, max_bytes: int
-) -> tuple[bytes, bytes, bool, str | None]:
-    """Read stdout and stderr until both close, the deadline passes, or the output cap is hit."""
-    assert proc.stdout is not None and proc.stderr is not None
-    out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
-    buffers = {out_fd: bytearray(), err_fd: bytearray()}
-    num_bytes, exited_at, reason, truncated = 0, None, None, False
-    with selectors.DefaultSelector() as selector:
-        for pipe in buffers:
-            selector.register(pipe, selectors.EVENT_READ)
-        while selector.get_map() and reason is None:
-            now = time.monotonic()
-            if now >= deadline:
-                reason = "wall"
-                break
-            if exited_at is None and proc.poll() is not None:
-                exited_at = now
-            if exited_at is not None and now - exited_at > _DRAIN_SECONDS:
-                break  # a background child holds the pipes open; it dies with the group
-            for key, _ in selector.select(timeout=min(deadline - now, 0.1)):
-                chunk = os.read(key.fd, 65536)
-                if not chunk:
-                    selector.unregister(key.fileobj)
-                    continue
-                buffers[key.fd] += chunk[: max(0, max_bytes - num_bytes)]
-                num_bytes += len(chunk)
-                if num_bytes > max_bytes:
-                    reason, truncated = "output", True
+def _launch_spec(
+    sandbox: Sandbox, is_bwrap: bool, uid: int | None, workdir: str, in_tmp: str
+) -> dict:
+    """What the launcher does (envs/sandbox_launcher.py), less the file descriptors."""
+    disk_bytes = sandbox.limits.max_disk_mb * _MIB
+    return {
+        "network_isolated": is_bwrap,
+        "unshare_net": not is_bwrap,
+        "mounts": private_mounts_spec(sandbox.python, disk_bytes)
+        if uid is not None and not is_bwrap
+        else None,
+        "fork": not is_bwrap,
+        "rlimits": _rlimits(sandbox.limits, uid),
+        "uid": uid,
+        "workdir": in_tmp if is_bwrap else workdir,
+        "private_workdir": in_tmp,  # used where the launcher made private mounts
+        "parent_pid": None if is_bwrap else os.getpid(),  # bwrap has --die-with-parent
+        "argv": [sandbox.python, "-I", "-B", "-u", "main.py"],
+    }
+
+
+class _Watch:
+    """Reads one run's pipes until they close, a limit is hit or the deadline passes."""
+
+    def __init__(self, proc, limits: SandboxLimits, status_fd: int, host_workdir: str | None):
+        self.proc, self.limits, self.status_fd = proc, limits, status_fd
+        self.host_workdir = host_workdir
+        self.spawned = time.monotonic()
+        self.started: float | None = None  # when the launcher handed over to the program
+        self.poll_tmpfs = False  # bwrap without --size: measure /tmp and /dev/shm inside
+        self.status: dict = {}
+
+    def deadline(self) -> float:
+        if self.started is None:
+            return self.spawned + _STARTUP_SECONDS + self.limits.wall_seconds
+        return self.started + self.limits.wall_seconds
+
+    def collect(self) -> tuple[bytes, bytes, bool, str | None]:
+        proc, max_bytes = self.proc, self.limits.max_output_bytes
+        assert proc.stdout is not None and proc.stderr is not None
+        out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+        buffers = {out_fd: bytearray(), err_fd: bytearray()}
+        num_bytes, exited_at, reason, truncated = 0, None, None, False
+        with selectors.DefaultSelector() as selector:
+            for fd in (out_fd, err_fd, self.status_fd):
+                selector.register(fd, selectors.EVENT_READ)
+            next_poll = time.monotonic()
+            while reason is None and len(selector.get_map()) > self._num_status(selector):
+                now = time.monotonic()
+                if now >= self.deadline():
+                    reason = "wall"
                     break
-    if reason is None:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:  # closed its pipes but kept running
-            reason = "wall"
-    return bytes(buffers[out_fd]), bytes(buffers[err_fd]), truncated, reason
+                if exited_at is None and proc.poll() is not None:
+                    exited_at = now
+                if exited_at is not None and now - exited_at > _DRAIN_SECONDS:
+                    break  # a background child holds the pipes open; it dies with the tree
+                if now >= next_poll and exited_at is None:
+                    reason, next_poll = self.over_limit(), now + POLL_SECONDS
+                    if reason is not None:
+                        break
+                timeout = min(self.deadline(), next_poll) - now
+                for key, _ in selector.select(timeout=max(timeout, 0.001)):
+                    chunk = os.read(key.fd, 65536)
+                    if key.fd == self.status_fd:
+                        self.on_status(chunk)
+                        selector.unregister(key.fd)
+                        continue
+                    if not chunk:
+                        selector.unregister(key.fd)
+                        continue
+                    buffers[key.fd] += chunk[: max(0, max_bytes - num_bytes)]
+                    num_bytes += len(chunk)
+                    if num_bytes > max_bytes:
+                        reason, truncated = "output", True
+                        break
+        if reason is None:
+            try:
+                proc.wait(timeout=max(0.0, self.deadline() - time.monotonic()))
+            except subprocess.TimeoutExpired:  # closed its pipes but kept running
+                reason = "wall"
+        return bytes(buffers[out_fd]), bytes(buffers[err_fd]), truncated, reason
+
+    def _num_status(self, selector: selectors.BaseSelector) -> int:
+        return int(self.status_fd in selector.get_map())
+
+    def on_status(self, chunk: bytes) -> None:
+        self.started = time.monotonic()
+        self.status = json.loads(chunk) if chunk else {}  # EOF: the launcher died first
+
+    def over_limit(self) -> str | None:
+        pids = descendants(self.proc.pid)
+        if memory_bytes(pids) > self.limits.memory_mb * _MIB:
+            return "memory"
+        disk = self.limits.max_disk_mb * _MIB
+        if self.poll_tmpfs and pids and tmpfs_bytes(pids[0], ("tmp", "dev/shm")) > disk:
+            return "disk"
+        if (
+            self.host_workdir is not None
+            and not self.status.get("namespaces")  # else a size-capped tmpfs holds it
+            and tree_bytes(self.host_workdir, disk) > disk
+        ):
+            return "disk"
+        return None
 
 
 def _killed_reason(exit_code: int, stderr: str) -> str | None:
@@ -176,6 +255,8 @@ def _killed_reason(exit_code: int, stderr: str) -> str | None:
         return "cpu"
     if exit_code == -signal.SIGXFSZ or "[Errno 27] File too large" in stderr:
         return "file_size"
+    if "[Errno 28] No space left on device" in stderr:
+        return "disk"
     if "MemoryError" in stderr:
         return "memory"
     if "[Errno 11] Resource temporarily unavailable" in stderr:  # fork at RLIMIT_NPROC
@@ -190,11 +271,10 @@ def _rlimits(limits: SandboxLimits, uid: int | None) -> list[tuple[str, int, int
     num_processes = limits.max_processes
     if uid is None:  # RLIMIT_NPROC counts every task of the caller's uid, the trainer's too
         num_processes += _count_user_tasks(os.getuid())
-    mib = 1024 * 1024
     return [
         ("RLIMIT_CPU", cpu, cpu + 1),
-        ("RLIMIT_AS", limits.memory_mb * mib, limits.memory_mb * mib),
-        ("RLIMIT_FSIZE", limits.max_file_mb * mib, limits.max_file_mb * mib),
+        ("RLIMIT_AS", limits.memory_mb * _MIB, limits.memory_mb * _MIB),
+        ("RLIMIT_FSIZE", limits.max_file_mb * _MIB, limits.max_file_mb * _MIB),
         ("RLIMIT_NPROC", num_processes, num_processes),
         ("RLIMIT_NOFILE", limits.max_open_files, limits.max_open_files),
         ("RLIMIT_CORE", 0, 0),
@@ -214,7 +294,7 @@ def _count_user_tasks(uid: int) -> int:
     return count
 
 
-def _clean_env(workdir: str, python: str) -> dict[str, str]:
+def clean_env(workdir: str, python: str) -> dict[str, str]:
     env = {
         "PATH": f"{os.path.dirname(python)}:/usr/local/bin:/usr/bin:/bin",
         "HOME": workdir,
@@ -230,14 +310,9 @@ def _clean_env(workdir: str, python: str) -> dict[str, str]:
     return env
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):  # the whole group already exited
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
 def kill_uid(python: str, uid: int) -> None:
     """kill(-1) sent as the run's uid reaches every process that uid owns, even ones that left
-    the process group with setsid()."""
+    the process group with setsid(): the fallback where the kernel refused a pid namespace."""
     code = (
         f"import os\nos.setgid({uid}); os.setuid({uid})\n"
         "try: os.kill(-1, 9)\nexcept ProcessLookupError: pass\n"
@@ -245,20 +320,12 @@ def kill_uid(python: str, uid: int) -> None:
     subprocess.run([python, "-I", "-S", "-c", code], env={}, check=True)
 
 
-def _read_status(fd: int) -> dict:
-    os.set_blocking(fd, False)
-    try:
-        data = os.read(fd, 4096)
-    except BlockingIOError:  # the launcher died before writing: claim no isolation
-        data = b""
-    finally:
-        os.close(fd)
-    return json.loads(data) if data else {}
-
-
 def remove_tree(path: str) -> None:
+    import shutil
+
     # the code may have left folders without write or search permission for us (non-root)
     for root, dirs, _ in os.walk(path):
         for name in dirs:
-            os.chmod(os.path.join(root, name), 0o700, follow_symlinks=False)
+            with contextlib.suppress(OSError):
+                os.chmod(os.path.join(root, name), 0o700, follow_symlinks=False)
     shutil.rmtree(path, ignore_errors=True)

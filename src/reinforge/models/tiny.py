@@ -24,6 +24,16 @@ SPECS = {
         num_key_value_heads=2,
         max_position_embeddings=512,
     ),
+    # ~25M parameters (head dim 64, as tiny's): for GPUs, where tiny leaves the device idle; the
+    # same tokenizer and chat template, and room for longer prompts (reasoning-gym's questions).
+    "small": dict(
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=1024,
+    ),
     # ~0.2M parameters: for fast unit tests.
     "micro": dict(
         hidden_size=64,

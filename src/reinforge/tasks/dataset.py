@@ -22,9 +22,11 @@ def load_dataset_source(
     tokenizer=None,
     needs_answers: bool = True,
     needs_solutions: bool = False,
+    scored_by: str | None = None,
 ) -> DatasetTasks:
     """The tasks `cfg` names; rows lacking what the command needs (an answer to score, a
-    solution to train on) are bad rows. The load report goes to the console."""
+    solution to train on) are bad rows. The load report goes to the console; `scored_by` names
+    what scores the tasks when it is not the rows' reward (an env)."""
     spec = cfg.to_spec(require_answer=needs_answers, require_solution=needs_solutions)
     # the tokenizer matters only for the prompt budget; the same one is loaded more than once
     tokenizer_key = getattr(tokenizer, "name_or_path", None) if spec.max_prompt_tokens else None
@@ -32,12 +34,12 @@ def load_dataset_source(
     if key not in _LOADED:
         with _quiet("reinforge.data.source"):  # its bad-row warning is in the report below
             source = load_dataset_tasks(spec, tokenizer)
-        print_load_report(source)
+        print_load_report(source, scored_by)
         _LOADED[key] = source
     return _LOADED[key]
 
 
-def print_load_report(source: DatasetTasks) -> None:
+def print_load_report(source: DatasetTasks, scored_by: str | None = None) -> None:
     for report in source.reports:
         console.print(f"data: {report.summary()}", markup=False)
     split = f"{len(source.train)} training tasks, {len(source.eval)} held-out"
@@ -46,11 +48,14 @@ def print_load_report(source: DatasetTasks) -> None:
             f" ({source.num_train_dropped} training rows dropped: same prompt as a held-out one)"
         )
     rewards = (
-        ", ".join(f"{s}: {r}" for s, r in sorted(source.rewards.names.items()))
+        f"scored by {scored_by}"
+        if scored_by is not None
+        else ", ".join(f"{s}: {r}" for s, r in sorted(source.rewards.names.items()))
         if source.rewards is not None
         else "none (rows without answers or a known reward: completions are not scored)"
     )
-    console.print(f"data: {split}; rewards by data_source: {rewards}", markup=False)
+    label = "rewards" if scored_by is not None else "rewards by data_source"
+    console.print(f"data: {split}; {label}: {rewards}", markup=False)
 
 
 @contextmanager

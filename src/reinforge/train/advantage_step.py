@@ -1,8 +1,9 @@
 """From scored groups to what the loss needs: the step's rows, reward shaping, advantages.
 
 `Algorithm` turns the resolved `[algorithm]` section into callables once per run: the advantage
-estimator from `ESTIMATORS` (the `presets.ADVANTAGES` functions plus the two that are not plain
-functions: GAE, which needs values, and the EMA baseline, which holds state), the policy loss
+estimator from `ESTIMATORS` (the `presets.ADVANTAGES` functions plus those that are not plain
+functions of sequence rewards: the token-level REINFORCE++ and GAE, which also needs values, and
+the EMA baseline, which holds state), the policy loss
 from `presets.POLICY_LOSSES`, and its settings. No branch in the loop names an algorithm.
 
 Order within a step (docs/algorithms.md, "Wiring into the loop"):
@@ -24,6 +25,7 @@ from reinforge.algorithms.advantages import (
     gae_advantages,
     masked_whiten,
     outcome_token_rewards,
+    reinforce_pp_token_advantages,
 )
 from reinforge.algorithms.dapo import mask_truncated, overlong_penalty
 from reinforge.algorithms.kl import kl_penalized_rewards, kl_penalized_token_rewards
@@ -32,8 +34,6 @@ from reinforge.algorithms.presets import ADVANTAGES, POLICY_LOSSES
 from reinforge.config import AlgorithmSection
 from reinforge.distributed import gather_rows, rank, sum_over_ranks, world_size
 from reinforge.types import Group, Trajectory
-
-STD_EPS = 1e-6
 
 
 @dataclass
@@ -50,7 +50,7 @@ class StepBatch:
     advantages: torch.Tensor | None = None  # [B], or [B, T] for token-level estimators
     returns_BT: torch.Tensor | None = None  # value targets (GAE)
     num_tokens: float = 0.0  # loss tokens of the whole step, over every rank
-    num_seqs: float = 0.0  # sequences with at least one loss token, over every rank
+    num_seqs: float = 0.0  # sequences (with a loss token, or all: seq_count), over every rank
 
     @property
     def prompts(self) -> list[list[int]]:
@@ -76,7 +76,10 @@ def build_step_batch(groups: list[Group], a: AlgorithmSection, device) -> StepBa
     batch = StepBatch(trajs, group_size, mask_BT, sampler_BT)
     # The losses divide by the step's counts; in a distributed run, the global step's.
     batch.num_tokens = sum_over_ranks(float(mask_BT.sum()))
-    batch.num_seqs = sum_over_ranks(float((mask_BT.sum(-1) > 0).sum()))
+    if a.seq_count == "all":  # TRL: every row counts, an empty one adds 0 to the sum
+        batch.num_seqs = sum_over_ranks(float(mask_BT.shape[0]))
+    else:  # verl: rows with at least one loss token
+        batch.num_seqs = sum_over_ranks(float((mask_BT.sum(-1) > 0).sum()))
     return batch
 
 
@@ -105,11 +108,11 @@ class GroupEstimator:
     """A `presets.ADVANTAGES` function: sequence rewards [G, N] -> one advantage per sequence."""
 
     def __init__(self, a: AlgorithmSection) -> None:
-        self.fn, self.normalize_std = ADVANTAGES[a.advantage], a.normalize_std
+        self.fn, self.scale, self.eps = ADVANTAGES[a.advantage], a.scale_rewards, a.advantage_eps
 
     def __call__(self, rewards_GN: torch.Tensor, batch: StepBatch) -> None:
         all_GN = gather_rows(rewards_GN)  # batch statistics are the global batch's
-        batch.advantages = this_ranks(self.fn(all_GN, self.normalize_std).flatten())
+        batch.advantages = this_ranks(self.fn(all_GN, self.scale, self.eps).flatten())
 
     def state_dict(self) -> dict:
         return {}
@@ -127,13 +130,17 @@ class EMAEstimator(GroupEstimator):
     """REINFORCE with a running baseline (Williams 1992), optionally over the batch std."""
 
     def __init__(self, a: AlgorithmSection) -> None:
-        self.baseline, self.normalize_std = EMABaseline(a.ema_decay), a.normalize_std
+        self.baseline, self.scale, self.eps = (
+            EMABaseline(a.ema_decay),
+            a.scale_rewards,
+            a.advantage_eps,
+        )
 
     def __call__(self, rewards_GN: torch.Tensor, batch: StepBatch) -> None:
         all_GN = gather_rows(rewards_GN)  # every rank moves its baseline by the global batch
         advantages_B = self.baseline.advantages(all_GN.flatten())
-        if self.normalize_std and advantages_B.numel() > 1:
-            advantages_B = advantages_B / (all_GN.std() + STD_EPS)
+        if self.scale == "batch" and advantages_B.numel() > 1:
+            advantages_B = advantages_B / (all_GN.std() + self.eps)
         batch.advantages = this_ranks(advantages_B)
 
     def state_dict(self) -> dict:
@@ -143,17 +150,16 @@ class EMAEstimator(GroupEstimator):
         self.baseline.load_state_dict(state)
 
 
-class GAEEstimator(GroupEstimator):
-    """PPO: the reward on each completion's last token, an optional per-token KL penalty
-    (kl_placement = reward_token), GAE over the value head's old values, whitened advantages."""
+class TokenEstimator(GroupEstimator):
+    """Token-level advantages: each completion's reward on its last token, an optional per-token
+    KL penalty (kl_placement = reward_token), then `token_advantages`."""
 
     def __init__(self, a: AlgorithmSection) -> None:
-        self.gamma, self.lam, self.normalize_std = a.gamma, a.lam, a.normalize_std
         self.kl_token_coef = a.kl_coef if a.kl_placement == "reward_token" else 0.0
-        self.kl_estimator = a.kl_estimator
+        self.kl_estimator, self.whiten = a.kl_estimator, a.scale_rewards == "batch"
+        self.gamma = a.gamma
 
     def __call__(self, rewards_GN: torch.Tensor, batch: StepBatch) -> None:
-        assert batch.old_values_BT is not None, "GAE needs the value head's old values"
         mask_BT = batch.mask_BT
         token_rewards_BT = outcome_token_rewards(rewards_GN.flatten().to(mask_BT.device), mask_BT)
         if self.kl_token_coef > 0:
@@ -166,17 +172,35 @@ class GAEEstimator(GroupEstimator):
                 self.kl_token_coef,
                 self.kl_estimator,
             )
+        self.token_advantages(token_rewards_BT, batch)
+
+    def token_advantages(self, token_rewards_BT: torch.Tensor, batch: StepBatch) -> None:
+        """REINFORCE++: discounted returns, whitened over the step's tokens."""
+        batch.advantages = reinforce_pp_token_advantages(
+            token_rewards_BT, batch.mask_BT, self.gamma, self.whiten
+        )
+
+
+class GAEEstimator(TokenEstimator):
+    """PPO: GAE over the value head's old values, whitened advantages, value targets."""
+
+    def __init__(self, a: AlgorithmSection) -> None:
+        super().__init__(a)
+        self.lam = a.lam
+
+    def token_advantages(self, token_rewards_BT: torch.Tensor, batch: StepBatch) -> None:
+        assert batch.old_values_BT is not None, "GAE needs the value head's old values"
+        mask_BT = batch.mask_BT
         advantages_BT, batch.returns_BT = gae_advantages(
             token_rewards_BT, batch.old_values_BT, mask_BT, self.gamma, self.lam
         )
-        batch.advantages = (
-            masked_whiten(advantages_BT, mask_BT) if self.normalize_std else advantages_BT
-        )
+        batch.advantages = masked_whiten(advantages_BT, mask_BT) if self.whiten else advantages_BT
 
 
 ESTIMATORS: dict[str, type[GroupEstimator]] = {
     **{name: GroupEstimator for name in ADVANTAGES},
     "gae": GAEEstimator,
+    "reinforce_pp_token": TokenEstimator,
     "ema_baseline": EMAEstimator,
 }
 
@@ -198,6 +222,11 @@ class Algorithm:
             aggregation=a.loss_aggregation,
             dual_clip_c=a.dual_clip_c or None,
             tis_cap=a.tis_cap or None,
+            tis_level=a.tis_level,
+            mis_low=a.mis_low or None,
+            mis_high=a.mis_high or None,
+            mis_level=a.mis_level,
+            kl_importance_correction=a.kl_importance_correction,
         )
 
     def state_dict(self) -> dict:

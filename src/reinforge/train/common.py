@@ -12,7 +12,6 @@ from pathlib import Path
 import torch
 
 from reinforge.errors import ConfigError
-from reinforge.types import Message
 
 
 def resolve_device(name: str) -> torch.device:
@@ -106,21 +105,6 @@ def load_model(
         model.config.use_cache = False
     model.train()
     return model
-
-
-def render_prompt(tokenizer, messages: tuple[Message, ...] | list[Message]) -> list[int]:
-    """Token ids of the chat-formatted prompt, ending where the assistant's reply begins."""
-    ids = tokenizer.apply_chat_template(
-        [m.to_dict() for m in messages],
-        add_generation_prompt=True,
-        tokenize=True,
-        return_dict=False,
-    )
-    return list(ids)
-
-
-def eos_ids(tokenizer) -> list[int]:
-    return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
 
 @dataclass

@@ -9,11 +9,11 @@ on the very ids RL will later see, with the env's tokens out of the loss.
 
 from __future__ import annotations
 
-from reinforge.envs.sources import EnvTasks
+from reinforge.data.chat import eos_ids
+from reinforge.envs.env_tasks import EnvTasks
 from reinforge.errors import ConfigError
-from reinforge.train.common import eos_ids
-from reinforge.train.env_rollout import tools_to_render
-from reinforge.train.episodes import environment_delta, render
+from reinforge.rollout.episodes import environment_delta, render
+from reinforge.rollout.trajectories import tools_to_render
 from reinforge.types import Message, Task
 
 NUM_DEMOS_PROBED = 32  # reference episodes the planner measures
@@ -30,7 +30,7 @@ def demonstration(
     prompt = render(tokenizer, state.messages, tools, add_generation_prompt=True)
     ids: list[int] = []
     mask: list[int] = []
-    for _ in range(env_tasks.cfg.max_turns):
+    for _ in range(env_tasks.max_turns):
         assistant = Message("assistant", policy(state))
         history = list(state.messages)
         turn = tokenizer.encode(assistant.content, add_special_tokens=False) + eos_ids(tokenizer)

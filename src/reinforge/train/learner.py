@@ -24,7 +24,7 @@ from reinforge.distributed import in_lockstep, is_replicated, shard_model
 from reinforge.run import RunContext
 from reinforge.train.advantage_step import Algorithm, StepBatch
 from reinforge.train.common import load_model, model_source
-from reinforge.train.forward import completion_rows, micro_batches
+from reinforge.train.forward import completion_rows, micro_batches, packed_logprobs
 from reinforge.train.optim import STATE_DTYPES, build_optimizer
 from reinforge.train.packed_attention import select_packed_attention
 from reinforge.train.policy_model import SFT_FINAL
@@ -104,7 +104,12 @@ def reference_of(cfg: TrainConfig, ctx: RunContext, policy: Policy) -> Reference
     frozen.eval().requires_grad_(False)
     select_packed_attention(frozen, "auto")
     # under torchrun: sharded (or replicated) like the policy
-    frozen = shard_model(frozen, trainable=False, replicate=is_replicated(policy.model))
+    frozen = shard_model(
+        frozen,
+        trainable=False,
+        replicate=is_replicated(policy.model),
+        packed_forward=packed_logprobs,
+    )
     return lambda: nullcontext(frozen)
 
 

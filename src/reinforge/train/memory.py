@@ -39,7 +39,7 @@ from pathlib import Path
 
 from reinforge.config_envs import is_env_task
 from reinforge.distributed import env_local_world_size, env_train_size
-from reinforge.envs.sources import EnvTasks
+from reinforge.envs.env_tasks import EnvTasks
 from reinforge.errors import ConfigError
 from reinforge.train.planner import (
     GOOD_MICRO_TOKENS,
@@ -272,8 +272,8 @@ class Lengths:
 def probe_lengths(cfg, tokenizer) -> Lengths:
     """Token lengths over the held-out tasks and the first `NUM_TRAIN_PROMPTS_PROBED` training
     tasks."""
+    from reinforge.data.chat import eos_ids, render_prompt
     from reinforge.tasks import task_source_for
-    from reinforge.train.common import eos_ids, render_prompt
 
     tasks = task_source_for(cfg, tokenizer)
     if isinstance(tasks, EnvTasks):  # prompts as the env opens them; reference episodes for SFT

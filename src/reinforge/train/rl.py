@@ -13,10 +13,7 @@ import dataclasses
 import math
 import time
 
-import torch
-
 from reinforge import faults, watchdog
-from reinforge.algorithms.dapo import filter_zero_variance_groups
 from reinforge.checkpoint import TrainerState, latest_checkpoint, rng_state, wait_for_saves
 from reinforge.config import TrainConfig
 from reinforge.distributed import (
@@ -26,24 +23,19 @@ from reinforge.distributed import (
     is_generator,
     is_main,
     reduce_metrics,
-    share,
 )
-from reinforge.engine.base import SamplingParams
-from reinforge.envs.sources import EnvTasks
+from reinforge.envs.env_tasks import EnvTasks, single_turn_tasks
 from reinforge.eval import logged_metrics
 from reinforge.metrics import console, episode_fields, format_line, plot_curves
+from reinforge.rollout.sources import LocalRollouts, RemoteRollouts, rollout_source
+from reinforge.rollout.trajectories import SUMMED as EPISODE_SUMS
+from reinforge.rollout.trajectories import episode_metrics, tool_use_notes
 from reinforge.run import RunContext, Stopped, Summary
 from reinforge.tasks import task_source_for
 from reinforge.train.advantage_step import assign_advantages, build_step_batch
-from reinforge.train.common import device_memory_metrics, eos_ids, render_prompt
-from reinforge.train.disaggregated import (
-    LocalRollouts,
-    RemoteRollouts,
-    generate_for_trainers,
-    rollout_source,
-)
-from reinforge.train.env_rollout import SUMMED as EPISODE_SUMS
-from reinforge.train.env_rollout import env_rollout, episode_metrics, tool_use_notes
+from reinforge.train.common import device_memory_metrics
+from reinforge.train.diagnostics import headroom_eval, headroom_text, learning_notes
+from reinforge.train.disaggregated import generate_for_trainers
 from reinforge.train.learner import Learner, build_learner, score_with_models
 from reinforge.train.nonfinite import enforce_non_finite_policy
 from reinforge.train.session import (
@@ -57,9 +49,9 @@ from reinforge.train.session import (
     sft_phase,
 )
 from reinforge.train.update import update_policy
-from reinforge.types import Group, Trajectory
+from reinforge.types import Group
 
-__all__ = ["render_prompt", "rl_step", "train"]
+__all__ = ["rl_step", "train"]
 
 LOCAL = LocalRollouts()
 
@@ -68,7 +60,8 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
     if is_generator():  # rank 0 of a disaggregated run: it only samples, for the trainers
         return generate_for_trainers(cfg, ctx)
     policy, state, ckpt = load_policy(cfg, ctx)
-    tasks = task_source_for(cfg, policy.tokenizer)
+    sft_tasks = task_source_for(cfg, policy.tokenizer)
+    tasks = single_turn_tasks(sft_tasks, cfg.task.rewards)  # every task an env (rollout/)
     logger = open_logger(cfg, ctx, state)
     summary = Summary("train", ctx.run_dir, final_step=state.step)
     eval_tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
@@ -79,7 +72,7 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
                 summary.sft_eval_before = log_eval(
                     cfg, policy, tasks, None, 0, eval_tokens, "before SFT"
                 )
-            state = sft_phase(cfg, ctx, policy, tasks, state, ckpt, logger, cfg.sft.steps)
+            state = sft_phase(cfg, ctx, policy, sft_tasks, state, ckpt, logger, cfg.sft.steps)
             ckpt = None  # RL starts fresh from the SFT result
         learner = build_learner(cfg, ctx, policy, ckpt, state)
         # a run resumed from `sft_final` may have logged it already (every rank follows rank 0,
@@ -110,13 +103,14 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
         rollouts.close()
         logger.close()
     summary.notes += tool_use_notes(ctx.run_dir)
+    summary.notes += learning_notes(ctx.run_dir) if is_main() else []
     return summary
 
 
 def rl_step(
     cfg: TrainConfig,
     learner: Learner,
-    tasks,
+    tasks: EnvTasks,
     state: TrainerState,
     step: int,
     logger,
@@ -163,103 +157,6 @@ SUMMED_OVER_RANKS = {"tokens_per_s", "reward_errors", "reward_nonfinite", "fault
 MAXED_OVER_RANKS = {"generate_s", "train_s", "step_s", "gpu_peak_gib"}
 
 
-def sample_groups(
-    cfg: TrainConfig, policy: Policy, tasks, state: TrainerState, step: int
-) -> tuple[list[Group], list[Group], dict[str, float]]:
-    """(every group sampled, the step's groups, metrics). Without dynamic sampling: one rollout of
-    rollout.prompts_per_step prompts. With it (DAPO): rounds of rollouts, keeping only groups whose
-    rewards differ, until the step has that many; each further round samples the prompts still
-    missing divided by the keep rate so far. After algorithm.max_sampling_rounds the batch is
-    filled with dropped groups (they add no advantage; `filled_groups` counts them)."""
-    want, a = cfg.rollout.prompts_per_step, cfg.algorithm
-    sampled: list[Group] = []
-    kept: list[Group] = []
-    errors = faults.RewardErrors()
-    for round_index in range(a.max_sampling_rounds if a.dynamic_sampling else 1):
-        missing = want - len(kept)
-        num = want if not kept else min(want, math.ceil(missing * len(sampled) / len(kept)))
-        mine = share(num)  # this rank's prompts of the round (all of them in one process)
-        batch_tasks = [tasks.train_task(state.data_position + i) for i in mine]
-        state.data_position += num
-        seed = rollout_seed(cfg, step, round_index)
-        if isinstance(tasks, EnvTasks):  # multi-turn episodes, scored by the env
-            with faults.site("generation"), full_weights(policy.model):
-                groups = env_rollout(cfg, policy, tasks, batch_tasks, seed + 7_777 * mine.start)
-        else:
-            with full_weights(policy.model):
-                groups = rollout(cfg, policy, batch_tasks, seed=seed, first_prompt_index=mine.start)
-            score(groups, tasks, errors)
-        sampled += groups
-        if not a.dynamic_sampling:
-            return sampled, groups, errors.metrics()
-        kept += [g for g, keep in zip(groups, has_signal(groups)) if keep]
-        if len(kept) >= want:
-            break
-    kept_ids = {id(g) for g in kept}
-    chosen = (kept + [g for g in sampled if id(g) not in kept_ids])[:want]
-    num_filled = max(want - len(kept), 0)
-    return (
-        sampled,
-        chosen,
-        {
-            "sampling_rounds": float(round_index + 1),
-            "dropped_groups": float(len(sampled) - len(kept)),
-            "filled_groups": float(num_filled),
-            **errors.metrics(),
-        },
-    )
-
-
-def rollout_seed(cfg: TrainConfig, step: int, round_index: int) -> int:
-    """Sampling seed of a step's rollout round: a pure function of (seed, step, round)."""
-    return cfg.run.seed * 1_000_003 + step + round_index * 1_000_000_007
-
-
-def has_signal(groups: list[Group]) -> list[bool]:
-    rewards_GN = torch.tensor([[t.reward for t in g.trajectories] for g in groups])
-    return filter_zero_variance_groups(rewards_GN).tolist()
-
-
-def rollout(
-    cfg: TrainConfig, policy: Policy, batch_tasks, seed: int, first_prompt_index: int = 0
-) -> list[Group]:
-    """The tasks' groups of samples; `first_prompt_index`: where `batch_tasks` start in the
-    step's prompts (this rank's share), so each prompt samples the same on any rank."""
-    r = cfg.rollout
-    prompts = [render_prompt(policy.tokenizer, t.messages) for t in batch_tasks]
-    params = SamplingParams(
-        max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k,
-        min_p=r.min_p,
-        n=r.samples_per_prompt,
-        stop_token_ids=() if r.ignore_eos else tuple(eos_ids(policy.tokenizer)),
-        stop_strings=() if r.ignore_eos else tuple(r.stop_strings),
-        seed=seed,
-        ignore_eos=r.ignore_eos,
-        first_prompt_index=first_prompt_index,
-    )
-    with faults.site("generation"):
-        outputs = policy.engine.generate(prompts, params)
-    return [
-        Group(task, [Trajectory(task, prompt, completion) for completion in completions])
-        for task, prompt, completions in zip(batch_tasks, prompts, outputs)
-    ]
-
-
-def score(groups: list[Group], tasks, errors: faults.RewardErrors | None = None) -> None:
-    """Rewards; one that raises or is not finite scores 0 and is counted in `errors`."""
-    errors = errors if errors is not None else faults.RewardErrors()
-    reward = faults.guard_reward(tasks.reward, errors)
-    trajs = [t for g in groups for t in g.trajectories]
-    num_failed_before = errors.num_failed
-    for traj in trajs:
-        traj.reward = reward(traj.completion.text, traj.task)
-        traj.is_correct = traj.reward >= 1.0
-    errors.check(len(trajs), errors.num_failed - num_failed_before)
-
-
 def rollout_metrics(groups: list[Group]) -> dict[str, float]:
     trajs = [t for g in groups for t in g.trajectories]
     n = len(trajs)
@@ -283,8 +180,9 @@ def sample_rows(policy: Policy, groups: list[Group], count: int) -> list[dict]:
                 "completion": t.completion.text,
                 "answer": t.task.answer,
                 "reward": t.reward,
+                "rewards": t.rewards,
                 "advantage": t.advantage,
-                **episode_fields(policy.tokenizer, t),  # data source, rewards, turns
+                **episode_fields(policy.tokenizer, t),  # data source, turns
             }
         )
     return rows
@@ -359,9 +257,14 @@ def log_eval(
     other evaluation metrics (`eval_pass@k`, per-source accuracy, ...)."""
     with watchdog.phase("eval"), full_weights(policy.model):
         result = run_eval(cfg, policy, tasks, max_new_tokens)  # every rank: the same tasks
+        is_logged = result is not None and logger is not None
+        headroom = headroom_eval(cfg, policy, tasks, max_new_tokens, result) if is_logged else {}
     if result is None:
         return None
     if logger is not None:
-        logger.log(step, logged_metrics(result), phase=phase)
-    console.print(f"held-out accuracy {label}: {result.accuracy:.3f} ({result.num_tasks} tasks)")
+        logger.log(step, logged_metrics(result) | headroom, phase=phase)
+    console.print(
+        f"held-out accuracy {label}: {result.accuracy:.3f} ({result.num_tasks} tasks)"
+        + headroom_text(headroom)
+    )
     return result.accuracy

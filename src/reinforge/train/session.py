@@ -30,6 +30,7 @@ from reinforge.eval import EvalResult, evaluate
 from reinforge.metrics import MetricsLogger, NullLogger, console
 from reinforge.run import RunContext, Stopped
 from reinforge.train.common import load_tokenizer, model_source, resolve_device, resolve_dtype
+from reinforge.train.forward import packed_logprobs
 from reinforge.train.memory import plan_run, probe_lengths, resolve_memory
 from reinforge.train.nonfinite import enforce_non_finite_policy
 from reinforge.train.optim import STATE_DTYPES, build_optimizer
@@ -77,7 +78,7 @@ def load_policy(cfg, ctx: RunContext) -> tuple[Policy, TrainerState, Path | None
     )
     model, source = build_model(cfg, ctx.run_dir, ckpt, state, device, dtype)
     # under torchrun FSDP2 or a replica per process (`distributed.strategy`); one process: as it is
-    model = shard_model(model, replicate=choice.replicated)
+    model = shard_model(model, replicate=choice.replicated, packed_forward=packed_logprobs)
     watchdog.beat_on_forward(model)  # every forward is progress for the hang watchdog
     if not is_generator():  # the processes that save
         state_bytes = 2 * STATE_DTYPES[cfg.optim.state_dtype].itemsize  # AdamW's two moments

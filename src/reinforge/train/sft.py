@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from reinforge.data.chat import chat_example
+from reinforge.data.chat import chat_example, eos_ids
 from reinforge.distributed import (
     accumulation,
     clip_grad_norm,
@@ -23,8 +23,7 @@ from reinforge.distributed import (
     loss_scale,
     sum_over_ranks,
 )
-from reinforge.envs.sources import EnvTasks
-from reinforge.train.common import eos_ids
+from reinforge.envs.env_tasks import EnvTasks
 from reinforge.train.forward import completion_rows, micro_batches
 from reinforge.train.optim import advance_schedule
 from reinforge.types import Message, Task

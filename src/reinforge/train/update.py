@@ -30,6 +30,7 @@ from reinforge.distributed import (
     reduce_metrics,
 )
 from reinforge.train.advantage_step import StepBatch
+from reinforge.train.diagnostics import clip_fractions, measure_policy_change
 from reinforge.train.forward import completion_rows, micro_batches
 from reinforge.train.learner import Learner
 from reinforge.train.optim import advance_schedule
@@ -50,11 +51,30 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
         for i, idx in enumerate(batches):
             before(last=i == len(batches) - 1)
             for key, value in micro_step(cfg, learner, batch, idx).items():
-                totals[key] = totals.get(key, 0.0) + float(value)
+                totals[key] = combine(key, totals.get(key), float(value))
     # each rank's terms are divided by the global counts: over the ranks they add up
-    totals = reduce_metrics(totals, summed=set(totals))
+    extremes = {k for k in totals if k.endswith(("_min", "_max"))}
+    totals = reduce_metrics(
+        totals,
+        summed=set(totals) - extremes,
+        maxed={k for k in extremes if k.endswith("_max")},
+        minned={k for k in extremes if k.endswith("_min")},
+    )
     totals.update(optimizer_step(cfg, learner))
+    totals.update(measure_policy_change(cfg, learner, batch, batches))  # one no-grad forward
     return totals
+
+
+def combine(key: str, total: float | None, value: float) -> float:
+    """A metric over micro-batches: extremes (`*_min`, `*_max`) by min and max, the rest (terms
+    already divided by the step's counts) by sum."""
+    if total is None:
+        return value
+    if key.endswith("_min"):
+        return min(total, value)
+    if key.endswith("_max"):
+        return max(total, value)
+    return total + value
 
 
 def micro_step(
@@ -92,6 +112,7 @@ def micro_step(
         token_sum_norm=float(cfg.rollout.max_new_tokens),
     )
     loss, metrics = algorithm.policy_loss(inputs, algorithm.settings)
+    metrics.update(clip_fractions(inputs, algorithm.settings))
     metrics["loss"] = loss.detach()
     if learner.value_head is not None:
         value_loss, value_metrics = clipped_value_loss(

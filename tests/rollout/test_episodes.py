@@ -12,14 +12,14 @@ from reinforge.engine.base import SamplingParams
 from reinforge.engine.simple import SimpleEngine
 from reinforge.envs.tool_env import ToolEnv
 from reinforge.models.tiny import builtin_path
-from reinforge.train.common import load_model
-from reinforge.train.episodes import (
+from reinforge.rollout.episodes import (
     EpisodeLimits,
     check_episode,
     environment_delta,
     render,
     run_episodes,
 )
+from reinforge.train.common import load_model
 from reinforge.train.optim import build_optimizer
 from reinforge.train.sft import sft_step
 from reinforge.types import Message, Task

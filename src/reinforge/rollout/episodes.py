@@ -22,23 +22,33 @@ re-rendered history (`template_rerenders_history`), so the difference is visible
 Limits are checked before each generation: `max_turns`, `max_tokens_per_turn`, and the total
 context; an episode that would overflow ends with `finish_reason = "context"`, counted, never
 silently truncated.
+
+A group's first turn is one prompt with n samples: the samples of a task open with the same ids
+(when the env's `reset` gives each the same messages), so the engine prefills the prompt once and
+the n sequences share its KV pages. Later turns differ per episode and go one sequence each. A
+single-turn task is the case of one turn.
+
+An env that raises (in `reset` or `step`, a tool it runs, a parser given hostile text) fails that
+episode, never the step: the episode ends with `finish_reason = "env_error"`, its tokens out of
+the loss, reward 0, counted as `env_errors` with the first error kept for the summary.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
+from reinforge.data.chat import render_ids
 from reinforge.engine.base import Engine, SamplingParams
-from reinforge.envs.base import Env, EnvState
-from reinforge.types import Message, Task
+from reinforge.envs.base import Env, EnvState, StepResult
+from reinforge.types import Completion, Message, Task
 
 
 @dataclass
 class Episode:
     task: Task
-    state: EnvState
+    state: EnvState | None  # None when the env's reset failed
     prompt_ids: list[int]
     completion_ids: list[int] = field(
         default_factory=list
@@ -48,8 +58,10 @@ class Episode:
     rewards: dict[str, float] = field(default_factory=dict)
     metrics: Counter = field(default_factory=Counter)
     num_turns: int = 0
-    finish_reason: str = ""  # "done", "max_turns", "context"
+    finish_reason: str = ""  # "done", "max_turns", "context", "env_error"
     is_done: bool = False
+    turns: list[Completion] = field(default_factory=list)  # the engine's output of each turn
+    error: str | None = None  # the env's exception, when it raised
 
     @property
     def num_ids(self) -> int:
@@ -58,6 +70,10 @@ class Episode:
     @property
     def reward(self) -> float:
         return self.rewards.get("reward", 0.0)
+
+    @property
+    def messages(self) -> list[Message]:
+        return self.state.messages if self.state is not None else list(self.task.messages)
 
 
 @dataclass(frozen=True)
@@ -70,19 +86,7 @@ class EpisodeLimits:
 def render(
     tokenizer, messages: list[Message], tools: list[dict] | None, add_generation_prompt: bool
 ) -> list[int]:
-    return list(
-        tokenizer.apply_chat_template(
-            [_as_template_message(m) for m in messages],
-            tools=tools or None,
-            add_generation_prompt=add_generation_prompt,
-            tokenize=True,
-            return_dict=False,
-        )
-    )
-
-
-def _as_template_message(m: Message) -> dict[str, Any]:
-    return m.to_dict()
+    return render_ids(tokenizer, messages, add_generation_prompt, tools)
 
 
 def run_episodes(
@@ -94,25 +98,28 @@ def run_episodes(
     params: SamplingParams,
     limits: EpisodeLimits,
     render_tools: bool = True,
+    share_first_turn: bool = True,
 ) -> list[list[Episode]]:
-    """`samples_per_task` episodes per task, run turn by turn, all active episodes of a turn
-    batched into one engine call per distinct token budget. The env's tool schemas go to the chat
+    """`samples_per_task` episodes per task, run turn by turn: the first turn one prompt per
+    task with `samples_per_task` samples (pages shared), later turns all active episodes batched
+    into one engine call per distinct token budget. The env's tool schemas go to the chat
     template (`render_tools=False` leaves them out, for an env whose prompt already describes
-    its tools)."""
+    its tools). `params.first_prompt_index` numbers the tasks as in a step split across ranks.
+    `share_first_turn=False` sends every episode alone from the start (a benchmark's baseline)."""
     tools = getattr(env, "tool_schemas", None) if render_tools else None
-    groups: list[list[Episode]] = []
-    for task in tasks:
-        group = []
-        for _ in range(samples_per_task):
-            state = env.reset(task)
-            group.append(Episode(task, state, render(tokenizer, state.messages, tools, True)))
-        groups.append(group)
+    groups = [
+        [_open(env, tokenizer, task, tools) for _ in range(samples_per_task)] for task in tasks
+    ]
     episodes = [e for g in groups for e in g]
     for turn in range(limits.max_turns):
         active = [e for e in episodes if not e.is_done and _fits(e, limits)]
         if not active:
             break
-        _generate_turn(engine, active, params, limits, seed=params.seed + 7919 * turn)
+        if turn == 0:
+            _generate_first_turn(engine, groups, params, limits, share_first_turn)
+        else:
+            seed = params.seed + 7919 * turn
+            _generate_turn(engine, active, params, limits, seed, params.first_prompt_index)
         for episode in active:
             _step_env(tokenizer, env, episode, tools, turn)
     for e in episodes:
@@ -123,6 +130,24 @@ def run_episodes(
     return groups
 
 
+def _open(env: Env, tokenizer, task: Task, tools) -> Episode:
+    try:
+        state = env.reset(task)
+    except Exception as error:  # the env's failure: this episode's, counted
+        episode = Episode(task, None, render(tokenizer, list(task.messages), tools, True))
+        _fail(episode, error, "reset")
+        return episode
+    return Episode(task, state, render(tokenizer, state.messages, tools, True))
+
+
+def _fail(e: Episode, error: Exception, where: str) -> None:
+    e.error = f"{where}: {type(error).__name__}: {error}"
+    e.rewards = {}
+    e.is_done, e.finish_reason = True, "env_error"
+    e.metrics["env_errors"] += 1
+    e.loss_mask = [0] * len(e.loss_mask)  # the env's fault: nothing here is the model's to learn
+
+
 def _fits(e: Episode, limits: EpisodeLimits) -> bool:
     if e.num_ids + 1 > limits.max_context:
         e.is_done, e.finish_reason = True, "context"
@@ -131,51 +156,94 @@ def _fits(e: Episode, limits: EpisodeLimits) -> bool:
     return True
 
 
+def _budget(e: Episode, limits: EpisodeLimits) -> int:
+    return min(limits.max_tokens_per_turn, limits.max_context - e.num_ids)
+
+
+def _generate_first_turn(
+    engine: Engine,
+    groups: list[list[Episode]],
+    params: SamplingParams,
+    limits: EpisodeLimits,
+    share: bool = True,
+) -> None:
+    """Each task's episodes as one prompt with n samples, where they open alike (else one
+    prompt each); one engine call per (budget, n), prompt i of a call numbered as its task."""
+    calls: dict[tuple[int, int], list[tuple[int, list[Episode]]]] = {}
+    for index, group in enumerate(groups):
+        live = [e for e in group if not e.is_done]
+        if share and live and all(e.prompt_ids == live[0].prompt_ids for e in live):
+            units = [live]
+        else:
+            units = [[e] for e in live]
+        for unit in units:
+            calls.setdefault((_budget(unit[0], limits), len(unit)), []).append((index, unit))
+    for (budget, n), units in calls.items():
+        call_params = _with(params, max_new_tokens=budget, n=n, seed=params.seed)
+        call_params = _with(call_params, first_prompt_index=params.first_prompt_index + units[0][0])
+        outs = engine.generate([unit[0].prompt_ids for _, unit in units], call_params)
+        for (_, unit), completions in zip(units, outs, strict=True):
+            for e, completion in zip(unit, completions, strict=True):
+                _record(e, completion)
+
+
 def _generate_turn(
-    engine: Engine, active: list[Episode], params: SamplingParams, limits: EpisodeLimits, seed: int
+    engine: Engine,
+    active: list[Episode],
+    params: SamplingParams,
+    limits: EpisodeLimits,
+    seed: int,
+    first_prompt_index: int,
 ) -> None:
     by_budget: dict[int, list[Episode]] = {}
     for e in active:
-        budget = min(limits.max_tokens_per_turn, limits.max_context - e.num_ids)
-        by_budget.setdefault(budget, []).append(e)
+        by_budget.setdefault(_budget(e, limits), []).append(e)
     for budget, batch in by_budget.items():
-        turn_params = SamplingParams(
-            max_new_tokens=budget,
-            temperature=params.temperature,
-            top_p=params.top_p,
-            top_k=params.top_k,
-            min_p=params.min_p,
-            n=1,
-            stop_token_ids=params.stop_token_ids,
-            stop_strings=params.stop_strings,
-            seed=seed + budget,
-        )
+        turn_params = _with(params, max_new_tokens=budget, n=1, seed=seed + budget)
+        turn_params = _with(turn_params, first_prompt_index=first_prompt_index)
         outs = engine.generate([e.prompt_ids + e.completion_ids for e in batch], turn_params)
         for e, (completion,) in zip(batch, outs):
-            e.completion_ids += completion.token_ids
-            e.loss_mask += [1] * len(completion.token_ids)
-            e.logprobs += completion.logprobs
-            e.state.info["_last_text"] = completion.text
-            e.state.info["_last_finish"] = completion.finish_reason
+            _record(e, completion)
+
+
+def _with(params: SamplingParams, **changes) -> SamplingParams:
+    return dataclasses.replace(params, **changes)
+
+
+def _record(e: Episode, completion: Completion) -> None:
+    e.completion_ids += completion.token_ids
+    e.loss_mask += [1] * len(completion.token_ids)
+    e.logprobs += completion.logprobs
+    e.turns.append(completion)
 
 
 def _step_env(tokenizer, env: Env, e: Episode, tools, turn: int) -> None:
-    text = e.state.info.pop("_last_text")
-    finish = e.state.info.pop("_last_finish")
+    assert e.state is not None, "an episode whose reset failed is done before its first turn"
+    completion = e.turns[-1]
     history = list(e.state.messages)
-    assistant = Message("assistant", text)
-    result = env.step(e.state, assistant)
+    assistant = Message("assistant", completion.text)
     e.num_turns = turn + 1
-    e.metrics.update({k: v for k, v in result.metrics.items() if v})
-    if finish == "length":
+    if completion.finish_reason == "length":
         e.metrics["turn_truncated"] += 1
+    try:
+        result = env.step(e.state, assistant)
+        if not isinstance(result, StepResult):
+            raise TypeError(f"step() returned {type(result).__name__}, not a StepResult")
+    except Exception as error:  # the env's (or its tool's, or its parser's) failure
+        _fail(e, error, "step")
+        return
+    e.metrics.update({k: v for k, v in result.metrics.items() if v})
     if result.done:
         e.rewards = dict(result.rewards)
         e.is_done, e.finish_reason = True, "done"
         e.metrics["finish_done"] += 1
         return
     found = environment_delta(
-        tokenizer, [*history, assistant], result.messages, tools, ended_with_stop=(finish == "stop")
+        tokenizer,
+        [*history, assistant],
+        result.messages,
+        tools,
+        ended_with_stop=(completion.finish_reason == "stop"),
     )
     assert found is not None, "the chat template does not close turns with the tokenizer's EOS id"
     env_ids, is_prefix_preserving = found
@@ -221,7 +289,7 @@ def check_episode(tokenizer, episode: Episode, tools=None) -> int | None:
     differently from how it was generated (or the sampler produced a non-canonical tokenization of
     its own text, which is legal and kept)."""
     recorded = episode.prompt_ids + episode.completion_ids
-    rendered = render(tokenizer, episode.state.messages, tools, add_generation_prompt=False)
+    rendered = render(tokenizer, episode.messages, tools, add_generation_prompt=False)
     # Compare over the shared length: a finished episode lacks the template's text after its last
     # end-of-turn id, an unfinished one ends with the next turn's generation prompt.
     return next((i for i, (a, b) in enumerate(zip(recorded, rendered)) if a != b), None)

@@ -1,0 +1,284 @@
+"""The learning suite (issue 31): SFT then GRPO with the shipped settings
+(configs/bench/learning.toml, the quickstart's but for the task) on reasoning-gym datasets, several
+seeds each; reports held-out greedy pass@1, sampled pass@1 and pass@k (k = samples per prompt)
+before and after RL, and the run's diagnostics (zero-signal groups, update size, reward trend, the
+summary's note), as a table and JSON. A bench, not a timed test.
+
+    python bench/learning.py --out OUT                 # GPU: builtin:small, 6 datasets x 3 seeds
+    python bench/learning.py --model builtin:tiny --device cpu --datasets chain_sum --seeds 0 \\
+        --set sft.steps=200 run.max_steps=20 eval.every=10 eval.headroom_tasks=64
+
+Runs go in subprocesses, --concurrency at a time (on one GPU: each gets a fixed KV pool and
+micro-batch budget, so the memory planner does not hand the first one the whole device), with no
+network (HF offline; reasoning-gym generates every item). Runs still going at --deadline-s are
+stopped; the report covers the finished ones, and --report-only rebuilds it from OUT/runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "src"), str(REPO / "bench")]
+
+from learning_tasks import DATASETS, DEFAULT_SUITE  # noqa: E402
+
+from reinforge.metrics import read_metrics  # noqa: E402
+from reinforge.train.diagnostics import SAMPLED, explain_run, reward_trend, sampled_k  # noqa: E402
+
+CONFIG = "configs/bench/learning.toml"
+# Overrides per preset; "shipped" runs the settings as they ship. The others test the hypotheses
+# of issue 31 for RL lowering held-out greedy pass@1 (see bench/README.md, "The learning suite").
+PRESETS: dict[str, list[str]] = {
+    "shipped": [],
+    # smaller steps: each update moves the policy by KL ~3e-3 per token at 5e-5 (tiny, CPU)
+    "low_lr": ["optim.lr=1e-5"],
+    # an anchor to the SFT model: GRPO's own KL term (the preset's beta; shipped configs drop it)
+    "kl": ["algorithm.kl_coef=0.04"],
+    # every update from groups that carry signal (DAPO's dynamic sampling), not 20% of them
+    "signal_only": ["algorithm.dynamic_sampling=true"],
+    # sample nearer the greedy answer that evaluation scores
+    "cool": ["rollout.temperature=0.7"],
+}
+ELIGIBLE_HEADROOM = 0.10  # the goal counts datasets whose SFT model has pass@k - pass@1 >= this
+GOAL_RISE = 0.05
+MAX_DROP = 0.02
+
+
+def main() -> None:
+    args = parse_args()
+    out = Path(args.out)
+    if not args.report_only:
+        run_all(args, out)
+    run_dirs = sorted((out / "runs").glob("*/*"))
+    results = [r for r in (run_result(d) for d in run_dirs) if r]
+    presets = sorted({r["preset"] for r in results})
+    reports = {p: summarize([r for r in results if r["preset"] == p]) for p in presets}
+    (out / "learning.json").write_text(json.dumps({"runs": results, "presets": reports}, indent=1))
+    table = "\n".join(
+        f"## preset {p}\n\n" + format_table([r for r in results if r["preset"] == p], reports[p])
+        for p in presets
+    )
+    (out / "learning.md").write_text(table)
+    print(table)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="builtin:small", help="builtin:small, builtin:tiny, ...")
+    p.add_argument("--datasets", default=",".join(DEFAULT_SUITE), help=f"of {list(DATASETS)}")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda")
+    p.add_argument("--concurrency", type=int, default=0, help="runs at once (0: 6 on CUDA, 1 CPU)")
+    p.add_argument("--presets", default="shipped", help=f"comma-separated, of {sorted(PRESETS)}")
+    p.add_argument("--set", nargs="*", default=[], help="more key=value overrides for every run")
+    p.add_argument("--out", default="bench-out/learning")
+    p.add_argument("--deadline-s", type=float, default=540.0, help="stop runs still going then")
+    p.add_argument("--report-only", action="store_true", help="only rebuild the report from OUT")
+    args = p.parse_args()
+    unknown = set(args.datasets.split(",")) - set(DATASETS)
+    unknown |= set(args.presets.split(",")) - set(PRESETS)
+    if unknown:
+        p.error(
+            f"--datasets: {sorted(unknown)} are not in bench/learning_tasks.py; use {list(DATASETS)}"
+        )
+    return args
+
+
+def run_all(args: argparse.Namespace, out: Path) -> None:
+    import torch
+
+    device = (
+        args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    )
+    concurrency = args.concurrency or (6 if device.startswith("cuda") else 1)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    prebuild(args.model, seeds)
+    threads = max(1, (os.cpu_count() or 1) // concurrency)
+    common = [f"model.path={args.model}", f"run.device={device}", f"run.num_threads={threads}"]
+    if device.startswith("cuda") and concurrency > 1:  # fixed budgets: the runs share the GPU
+        common += ["rollout.kv_cache_bytes=1073741824", "train.micro_batch_tokens=16384"]
+    common += ["train.compile=false", "run.overwrite=true"]
+    presets = args.presets.split(",")
+    queue = [(p, d, s) for s in seeds for p in presets for d in args.datasets.split(",")]
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
+    start, running = time.monotonic(), {}
+    while queue or running:
+        while queue and len(running) < concurrency and time.monotonic() - start < args.deadline_s:
+            preset, dataset, seed = queue.pop(0)
+            overrides = [*common, *PRESETS[preset], *args.set]
+            running[(preset, dataset, seed)] = launch(preset, dataset, seed, overrides, out, env)
+        for key, proc in list(running.items()):
+            if proc.poll() is not None:
+                print(f"{' '.join(map(str, key))}: exit {proc.returncode}", flush=True)
+                del running[key]
+        if running and time.monotonic() - start > args.deadline_s:
+            stop(running)
+            return
+        time.sleep(2.0)
+
+
+def stop(running: dict) -> None:
+    """SIGTERM (a run finishes its step, saves and exits), then, 60 s on, SIGKILL."""
+    for key, proc in running.items():
+        print(f"{' '.join(map(str, key))}: stopped at the deadline", flush=True)
+        proc.terminate()
+    for proc in running.values():
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def prebuild(model: str, seeds: list[int]) -> None:
+    """Build the built-in model once per seed here, not in each of the concurrent runs."""
+    from reinforge.models.tiny import builtin_path, is_builtin
+
+    if is_builtin(model):
+        for seed in seeds:
+            builtin_path(model.split(":", 1)[1], seed)
+
+
+def launch(
+    preset: str, dataset: str, seed: int, overrides: list[str], out: Path, env: dict
+) -> subprocess.Popen:
+    name = f"{dataset}-seed{seed}"
+    cmd = [sys.executable, "-m", "reinforge.cli", "train", CONFIG]
+    cmd += [f"task.path=bench/learning_tasks.py:{dataset}", f"run.name={name}"]
+    cmd += [f"run.output_dir={out / 'runs' / preset}", f"run.seed={seed}", f"task.seed={seed}"]
+    cmd += overrides
+    (out / "logs" / preset).mkdir(parents=True, exist_ok=True)
+    log = (out / "logs" / preset / f"{name}.log").open("w")
+    log.write(" ".join(cmd) + "\n")
+    log.flush()
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def run_result(run_dir: Path) -> dict | None:
+    """One run's figures from its metrics.jsonl (and its log: the before-SFT accuracy)."""
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    evals = sorted(
+        (r for r in rows if r.get("phase") == "rl" and "eval_accuracy" in r),
+        key=lambda r: r["step"],
+    )
+    steps = [r for r in rows if r.get("phase") == "rl" and "reward_mean" in r]
+    if len(evals) < 2 or not steps:
+        return None
+    before, after = evals[0], evals[-1]
+    k = sampled_k(before) if "eval_headroom" in before else None
+    dataset, seed = run_dir.name.rsplit("-seed", 1)
+    updated = [r for r in steps if r.get("grad_norm", 0.0) > 0.0]
+    verdict, first, last = reward_trend([r["reward_mean"] for r in steps])
+    return {
+        "preset": run_dir.parent.name,
+        "dataset": dataset,
+        "seed": int(seed),
+        "steps": len(steps),
+        "pass1_before_sft": before_sft(run_dir),
+        "pass1_before": before["eval_accuracy"],
+        "pass1_after": after["eval_accuracy"],
+        "pass1_curve": [[r["step"], r["eval_accuracy"]] for r in evals],
+        "k": int(k) if k else None,
+        "sampled_pass1_before": before.get(SAMPLED + "1"),
+        "sampled_pass1_after": after.get(SAMPLED + "1"),
+        "passk_before": before.get(f"{SAMPLED}{k}"),
+        "passk_after": after.get(f"{SAMPLED}{k}"),
+        "headroom_before": before.get("eval_headroom"),
+        "reward": [first, last, verdict],
+        "zero_signal_groups": mean(steps, "zero_signal_groups"),
+        "policy_kl": mean(updated, "policy_kl"),
+        "policy_kl_no_signal": mean(updated, "policy_kl_no_signal"),
+        "policy_out_of_clip": (mean(updated, "policy_ratio_low_frac") or 0.0)
+        + (mean(updated, "policy_ratio_high_frac") or 0.0),
+        "entropy": [steps[0].get("entropy"), steps[-1].get("entropy")],
+        "note": " ".join(explain_run(rows)),
+    }
+
+
+def before_sft(run_dir: Path) -> float | None:
+    log = run_dir.parents[2] / "logs" / run_dir.parent.name / f"{run_dir.name}.log"
+    found = (
+        re.search(r"held-out accuracy before SFT: ([0-9.]+)", log.read_text())
+        if log.exists()
+        else None
+    )
+    return float(found.group(1)) if found else None
+
+
+def mean(rows: list[dict], key: str) -> float | None:
+    values = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.fmean(values) if values else None
+
+
+def summarize(results: list[dict]) -> dict:
+    """Per dataset, means over seeds; the issue's goals over them."""
+    per_dataset = {}
+    for dataset in sorted({r["dataset"] for r in results}):
+        runs = [r for r in results if r["dataset"] == dataset]
+        per_dataset[dataset] = {
+            key: mean(runs, key)
+            for key in (
+                "pass1_before",
+                "pass1_after",
+                "passk_before",
+                "passk_after",
+                "headroom_before",
+            )
+        } | {"seeds": len(runs), "rise": mean(runs, "pass1_after") - mean(runs, "pass1_before")}
+        per_dataset[dataset]["rise_min"] = min(r["pass1_after"] - r["pass1_before"] for r in runs)
+    eligible = [
+        d for d, s in per_dataset.items() if (s["headroom_before"] or 0.0) >= ELIGIBLE_HEADROOM
+    ]
+    rose = [d for d in eligible if per_dataset[d]["rise"] >= GOAL_RISE]
+    fell = [d for d, s in per_dataset.items() if s["rise"] < -MAX_DROP]
+    return {
+        "per_dataset": per_dataset,
+        "goals": {
+            "eligible (headroom >= 10 points)": eligible,
+            "rose >= 5 points": rose,
+            "fell > 2 points": fell,
+            "met": len(rose) >= 4 and not fell,
+        },
+    }
+
+
+def format_table(results: list[dict], report: dict) -> str:
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.1f}"
+
+    lines = [
+        "| dataset | seeds | pass@1 before SFT | pass@1 before RL | after RL | rise | sampled pass@k before | headroom | zero-signal groups | update KL | reward first -> last |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for dataset, s in report["per_dataset"].items():
+        runs = [r for r in results if r["dataset"] == dataset]
+        kl = mean(runs, "policy_kl")
+        first = statistics.fmean(r["reward"][0] for r in runs)
+        rewards = f"{first:.2f} -> {statistics.fmean(r['reward'][1] for r in runs):.2f}"
+        lines.append(
+            f"| {dataset} | {s['seeds']} | {pct(mean(runs, 'pass1_before_sft'))} | {pct(s['pass1_before'])} "
+            f"| {pct(s['pass1_after'])} | {100 * s['rise']:+.1f} (min {100 * s['rise_min']:+.1f}) "
+            f"| {pct(s['passk_before'])} | {pct(s['headroom_before'])} | {pct(mean(runs, 'zero_signal_groups'))} "
+            f"| {'-' if kl is None else f'{kl:.1e}'} | {rewards} |"
+        )
+    lines += ["", f"goals: {json.dumps(report['goals'])}", "", "notes:"]
+    lines += [f"- {r['dataset']} seed {r['seed']}: {r['note']}" for r in results if r["note"]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""reasoning-gym datasets as reinforge tasks, the way a user brings their own: a Python generator
+per dataset for `[task] name = "dataset"` (`task.path = "bench/learning_tasks.py:chain_sum"`) and
+one reward by path (`task.reward = "bench/learning_tasks.py:score"`) that calls the library's own
+`score_answer`. reasoning-gym generates every item procedurally from (seed, index): nothing is
+downloaded.
+
+Each dataset's settings keep answers short (a number or a word) and the questions within reach
+of a small model after SFT on the gold answers; the first six are the learning suite's default
+(bench/learning.py). A row carries its reasoning-gym index, so the reward rebuilds the exact
+item (metadata included) that the library scores against.
+"""
+
+from __future__ import annotations
+
+import functools
+
+NUM_ROWS = 10_000  # per dataset: 500 SFT steps x 64 examples see each about three times
+
+DATASETS: dict[str, dict] = {
+    "basic_arithmetic": dict(max_terms=3, max_digits=2, operators=("+", "-", "*")),
+    "chain_sum": dict(max_terms=4, max_digits=2),
+    "leg_counting": dict(min_animals=1, max_animals=3, max_instances=5),
+    "letter_counting": dict(min_words=3, max_words=6),
+    "spell_backward": dict(min_word_len=3, max_word_len=6),
+    "gcd": dict(max_value=100),
+    "simple_equations": dict(max_terms=3, max_value=20),
+    "word_sequence_reversal": dict(min_words=2, max_words=4),
+}
+DEFAULT_SUITE = list(DATASETS)[:6]
+
+
+@functools.cache
+def dataset(name: str, seed: int):
+    import reasoning_gym
+
+    return reasoning_gym.create_dataset(name, size=NUM_ROWS, seed=seed, **DATASETS[name])
+
+
+def rows(name: str, seed: int) -> list[dict]:
+    """The dataset's items as prompt/answer/solution rows (SFT trains on the gold answer)."""
+    ds = dataset(name, seed)
+    return [
+        {
+            "prompt": item["question"],
+            "answer": str(item["answer"]),
+            "solution": str(item["answer"]),
+            "data_source": name,
+            "rg_index": i,
+            "rg_seed": seed,
+        }
+        for i, item in enumerate(ds)
+    ]
+
+
+def score(completion: str, task) -> float:
+    """reasoning-gym's own `score_answer` on the item the task came from, in [0, 1]."""
+    info = task.info
+    ds = dataset(info["data_source"], int(info["rg_seed"]))
+    return float(ds.score_answer(completion.strip(), ds[int(info["rg_index"])]))
+
+
+# One generator per dataset (`task.path` names a function; it receives task.seed).
+def basic_arithmetic(seed: int) -> list[dict]:
+    return rows("basic_arithmetic", seed)
+
+
+def chain_sum(seed: int) -> list[dict]:
+    return rows("chain_sum", seed)
+
+
+def leg_counting(seed: int) -> list[dict]:
+    return rows("leg_counting", seed)
+
+
+def letter_counting(seed: int) -> list[dict]:
+    return rows("letter_counting", seed)
+
+
+def spell_backward(seed: int) -> list[dict]:
+    return rows("spell_backward", seed)
+
+
+def gcd(seed: int) -> list[dict]:
+    return rows("gcd", seed)
+
+
+def simple_equations(seed: int) -> list[dict]:
+    return rows("simple_equations", seed)
+
+
+def word_sequence_reversal(seed: int) -> list[dict]:
+    return rows("word_sequence_reversal", seed)

@@ -1,0 +1,133 @@
+"""A shop-page extraction environment for reinforge, written only against its public API.
+
+Each task is a small HTML shop page the model does not see and a question about it ("What does
+the lamp cost?"). The model has one tool, `find(text)`, which searches the page with
+BeautifulSoup and returns the products whose text contains `text`; it answers with the price
+alone. The reward is 1 for the exact price.
+
+Use it from a config (configs/env_html.toml):
+
+    [task]
+    name = "env"
+    env = "examples/html_extraction/env.py:make_env"
+    env_args = {demo_tool_fraction = 0.3}
+
+With no `task.path`, reinforge reads the tasks from `rows(seed)` below; point `task.path` at a
+JSONL file with the same columns (prompt, answer, html, product) to bring your own pages.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from bs4 import BeautifulSoup
+
+from reinforge.envs import (
+    EnvState,
+    Message,
+    ParseError,
+    StepResult,
+    Task,
+    call_tool,
+    get_parser,
+    make_tools,
+)
+
+PRODUCTS = ["lamp", "chair", "mug", "desk", "fan", "rug", "bag", "pen", "cup", "hat", "sofa", "bed"]
+
+
+def rows(seed: int = 0):
+    """Generated pages: four products with prices, a question about one of them."""
+    rng = random.Random(seed)
+    for _ in range(3000):
+        names = rng.sample(PRODUCTS, 4)
+        prices = [rng.randint(10, 99) for _ in names]
+        items = "".join(
+            f'<li class="product"><b>{n}</b> <span class="price">{p}</span></li>'
+            for n, p in zip(names, prices)
+        )
+        target = rng.randrange(len(names))
+        yield {
+            "prompt": f"Shop {rng.randint(1000, 9999)}: what does the {names[target]} cost? "
+            "Answer with the number.",
+            "answer": str(prices[target]),
+            "html": f"<html><body><ul>{items}</ul></body></html>",
+            "product": names[target],
+        }
+
+
+def page_tools(page: BeautifulSoup) -> list:
+    """The tools of one page (a fresh closure per episode: the page is the episode's state)."""
+
+    def find(text: str) -> str:
+        """Search the shop page for products.
+
+        Args:
+            text: A word the product's entry contains, e.g. "lamp".
+        """
+        hits = [li.get_text(" ", strip=True) for li in page.select("li.product")]
+        hits = [h for h in hits if text.lower() in h.lower()]
+        return "; ".join(hits) if hits else f"no product contains {text!r}"
+
+    return [find]
+
+
+class ShopPageEnv:
+    name = "shop_page"
+    counters = ("tool_calls", "malformed_calls", "tool_errors")
+
+    def __init__(self, parser: str = "hermes", max_turns: int = 3, demo_tool_fraction: float = 0.5):
+        self.parse = get_parser(parser)
+        self.max_turns = max_turns
+        self.demo_tool_fraction = demo_tool_fraction
+        blank = BeautifulSoup("", "html.parser")
+        self.tool_schemas = [t.schema for t in make_tools(page_tools(blank)).values()]
+
+    def reset(self, task: Task) -> EnvState:
+        system = Message(
+            "system",
+            'You can call find(text) as <tool_call>{"name": "find", '
+            '"arguments": {"text": ...}}</tool_call>.',
+        )
+        page = BeautifulSoup(task.info["html"], "html.parser")
+        return EnvState(task=task, messages=[system, *task.messages], info={"page": page})
+
+    def step(self, state: EnvState, assistant: Message) -> StepResult:
+        state.messages.append(assistant)
+        state.turn += 1
+        calls = self.parse(assistant.content).items
+        counts = {"tool_calls": 0.0, "malformed_calls": 0.0, "tool_errors": 0.0}
+        if not calls or state.turn >= self.max_turns:
+            state.done = True
+            right = assistant.content.strip() == state.task.answer
+            return StepResult([], done=True, rewards={"reward": float(right)}, metrics=counts)
+        tools = make_tools(page_tools(state.info["page"]))
+        replies = []
+        for call in calls:
+            if isinstance(call, ParseError):  # the model's text was not a well-formed call
+                counts["malformed_calls"] += 1
+                replies.append(Message("tool", f"Error: {call.reason}"))
+                continue
+            counts["tool_calls"] += 1
+            result = call_tool(tools, call.name, call.arguments)
+            counts["tool_errors"] += float(result.status != "ok")
+            replies.append(Message("tool", result.text))
+        state.messages.extend(replies)
+        return StepResult(replies, done=False, metrics=counts)
+
+    def demonstration(self, state: EnvState) -> str:
+        """A scripted player for SFT: calls the tool on a share of the tasks and answers from its
+        result; on the others it answers at once (with a guess: it cannot see the page)."""
+        task = state.task
+        uses_tool = random.Random(task.id).random() < self.demo_tool_fraction
+        if state.turn == 0 and uses_tool:
+            return f'<tool_call>{{"name": "find", "arguments": {{"text": "{task.info["product"]}"}}}}</tool_call>'
+        if state.turn == 0:
+            return str(random.Random(f"guess/{task.id}").randint(10, 99))
+        found = re.search(rf"{task.info['product']} (\d+)", state.messages[-1].content)
+        return found.group(1) if found else "0"
+
+
+def make_env(parser: str = "hermes", max_turns: int = 3, demo_tool_fraction: float = 0.5):
+    return ShopPageEnv(parser, max_turns, demo_tool_fraction)

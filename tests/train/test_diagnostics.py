@@ -1,0 +1,167 @@
+"""The learning diagnostics: update size, clip fractions, headroom and the flat-reward note, on
+hand-made numbers and groups; and the run that logs them."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from reinforge.algorithms.losses import LossInputs, PolicyLossSettings, ppo_clip_loss
+from reinforge.train.diagnostics import (
+    clip_fractions,
+    explain_run,
+    headroom_metrics,
+    headroom_text,
+    policy_change,
+    reward_trend,
+)
+
+from ..conftest import TINY_RUN, cli
+
+
+def test_policy_change_on_hand_computed_tokens():
+    old_BT = torch.log(torch.tensor([[0.5, 0.5, 0.5], [0.2, 0.2, 0.2]]))
+    new_BT = torch.log(torch.tensor([[0.25, 0.5, 0.9], [0.3, 0.2, 0.2]]))
+    mask_BT = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])  # the third token is padding
+    advantages_B = torch.tensor([-1.0, 2.0])
+    got = policy_change(new_BT, old_BT, advantages_B, mask_BT, clip_low=0.2, clip_high=0.2)
+    # ratios on the four counted tokens: 0.5, 1, 1.5, 1; k3 = r - 1 - log r
+    k3 = [0.5 - 1 - math.log(0.5), 0.0, 0.5 - math.log(1.5), 0.0]
+    assert got["policy_kl"] == pytest.approx(sum(k3) / 4)
+    assert got["policy_kl_no_signal"] == 0.0  # every token had an advantage
+    no_signal = policy_change(new_BT, old_BT, torch.tensor([0.0, 2.0]), mask_BT, 0.2, 0.2)
+    assert no_signal["policy_kl_no_signal"] == pytest.approx(sum(k3[:2]) / 4)
+    assert got["policy_ratio_low_frac"] == pytest.approx(1 / 4)  # 0.5 < 0.8
+    assert got["policy_ratio_high_frac"] == pytest.approx(1 / 4)  # 1.5 > 1.2
+    # the first sequence (advantage < 0) lost probability, the second (> 0) gained: both count
+    assert got["policy_shift_signed"] == pytest.approx((math.log(2) + math.log(1.5)) / 4)
+
+
+def test_unchanged_policy_has_zero_change():
+    old_BT = torch.log(torch.full((2, 3), 0.4))
+    got = policy_change(old_BT, old_BT, torch.tensor([1.0, -1.0]), torch.ones(2, 3), 0.2, 0.28)
+    assert got == {
+        "policy_kl": 0.0,
+        "policy_kl_no_signal": 0.0,
+        "policy_ratio_low_frac": 0.0,
+        "policy_ratio_high_frac": 0.0,
+        "policy_shift_signed": 0.0,
+    }
+
+
+def test_clip_fractions_split_the_losses_clip_frac():
+    # ratios 1.5 (A > 0: cut high), 0.5 (A < 0: cut low), 0.5 (A > 0: not cut), 1.0
+    old_BT = torch.zeros(4, 1)
+    new_BT = torch.log(torch.tensor([[1.5], [0.5], [0.5], [1.0]]))
+    x = LossInputs(
+        logprobs_BT=new_BT.requires_grad_(),
+        old_logprobs_BT=old_BT,
+        advantages_B=torch.tensor([1.0, -1.0, 1.0, -1.0]),
+        mask_BT=torch.ones(4, 1),
+        num_tokens_total=8.0,  # this micro-batch is half of the step's tokens
+        num_seqs_total=8.0,
+    )
+    s = PolicyLossSettings(clip_low=0.2, clip_high=0.2)
+    got = clip_fractions(x, s)
+    assert float(got["clip_low_frac"]) == pytest.approx(1 / 8)
+    assert float(got["clip_high_frac"]) == pytest.approx(1 / 8)
+    _, loss_metrics = ppo_clip_loss(x, s)
+    total = float(got["clip_low_frac"] + got["clip_high_frac"])
+    assert total == pytest.approx(float(loss_metrics["clip_frac"]))
+
+
+def test_headroom_of_hand_made_groups():
+    greedy = [[1.0], [0.0], [0.0]]
+    sampled = [[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.5, 0.0]]  # 0.5: no pass
+    got = headroom_metrics(greedy, sampled, k=4)
+    assert got["eval_sampled_pass@1"] == pytest.approx((0.5 + 0.25 + 0.0) / 3)
+    assert got["eval_sampled_pass@4"] == pytest.approx(2 / 3)
+    assert got["eval_headroom"] == pytest.approx(2 / 3 - 1 / 3)
+    assert "pass@4 0.667 (headroom +0.333)" in headroom_text(got)
+    # k = 2 of 4 samples: 1 - C(2,2)/C(4,2) = 5/6 for a task with 2 of 4 right
+    assert headroom_metrics([[1.0]], [[1.0, 1.0, 0.0, 0.0]], k=2)["eval_sampled_pass@2"] == (
+        pytest.approx(5 / 6)
+    )
+
+
+def test_reward_trend_tells_noise_from_change():
+    noisy_flat = [0.30, 0.34, 0.28, 0.33, 0.29, 0.31, 0.35, 0.27, 0.32]
+    assert reward_trend(noisy_flat)[0] == "flat"
+    assert reward_trend([0.1, 0.12, 0.11, 0.2, 0.22, 0.21, 0.3, 0.33, 0.31])[0] == "rising"
+    verdict, first, last = reward_trend([0.40, 0.41, 0.39, 0.35, 0.36, 0.34, 0.30, 0.31, 0.29])
+    assert (verdict, first, last) == ("falling", pytest.approx(0.40), pytest.approx(0.30))
+
+
+def _rows(rewards, zero_signal, policy_kl, evals, collateral=0.0):
+    steps = [
+        {"step": i + 1, "phase": "rl", "reward_mean": r, "zero_signal_groups": zero_signal}
+        | {"policy_kl": policy_kl, "policy_kl_no_signal": collateral * policy_kl}
+        | {"policy_shift_signed": 1e-3}
+        for i, r in enumerate(rewards)
+    ]
+    return steps + [{"phase": "rl", **e} for e in evals]
+
+
+def test_flat_reward_note_names_the_reasons():
+    rows = _rows(
+        [0.17, 0.2, 0.18, 0.19, 0.17, 0.2, 0.18, 0.19, 0.18],
+        zero_signal=0.87,
+        policy_kl=3e-5,
+        evals=[
+            {"step": 0, "eval_accuracy": 0.335, "eval_sampled_pass@1": 0.20}
+            | {"eval_sampled_pass@8": 0.365, "eval_headroom": 0.03},
+            {"step": 9, "eval_accuracy": 0.33, "eval_sampled_pass@1": 0.12}
+            | {"eval_sampled_pass@8": 0.36, "eval_headroom": 0.03},
+        ],
+    )
+    [note] = explain_run(rows)
+    assert note.startswith("flat reward (0.18 -> 0.18 over 9 steps): ")
+    assert "87% of groups had no signal" in note
+    assert "pass@8 - pass@1 = 3 points at step 0: little for RL to sharpen" in note
+    assert "raise optim.lr" in note
+    assert "greedy pass@1 33% vs 12% sampled" in note
+
+
+def test_held_out_drop_is_noted_even_with_a_rising_reward():
+    rising = [0.3, 0.31, 0.3, 0.4, 0.41, 0.4, 0.5, 0.52, 0.5]
+    evals = [{"step": 0, "eval_accuracy": 0.51}, {"step": 9, "eval_accuracy": 0.41}]
+    [note] = explain_run(_rows(rising, 0.45, 0.05, evals, collateral=0.8))
+    assert note.startswith("rising reward (0.30 -> 0.51 over 9 steps), held-out pass@1 fell")
+    assert "lower optim.lr" in note
+    assert "80% of that change fell on prompts whose groups had no signal" in note
+    kept = [{"step": 0, "eval_accuracy": 0.51}, {"step": 9, "eval_accuracy": 0.60}]
+    assert explain_run(_rows(rising, 0.45, 0.05, kept)) == []
+    assert explain_run(_rows([0.98] * 9, 0.95, 1e-3, kept)) == []  # solved, not stuck
+    assert explain_run(_rows([0.2] * 3, 0.9, 1e-3, kept)) == []  # too few steps to tell
+
+
+def test_a_run_logs_the_diagnostics(tmp_path):
+    """Two GRPO steps of the micro model: every step has the update's size and clip fractions,
+    every evaluation the sampled pass@k and headroom, and the console line shows them."""
+    result = cli(
+        "train",
+        "configs/quickstart.toml",
+        *TINY_RUN,
+        "sft.steps=0",
+        "run.max_steps=2",
+        "eval.every=0",
+        "eval.headroom_tasks=8",
+        "algorithm.entropy_coef=0.01",  # a gradient even where every sample scores alike
+        "checkpoint.every=0",
+        f"run.output_dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "quickstart" / "metrics.jsonl").open()]
+    steps = [r for r in rows if "reward_mean" in r]
+    evals = [r for r in rows if "eval_accuracy" in r]
+    assert len(steps) == 2 and len(evals) == 2
+    for r in steps:
+        assert r["policy_kl"] > 0.0  # the update moved the policy
+        assert 0.0 <= r["policy_ratio_low_frac"] <= 1.0
+        assert r["clip_low_frac"] == r["clip_high_frac"] == 0.0  # on policy: ratio 1
+    for r in evals:
+        assert 0.0 <= r["eval_sampled_pass@1"] <= r["eval_sampled_pass@4"] <= 1.0
+    assert "sampled pass@1" in result.stdout and "dKL" in result.stdout
