@@ -38,6 +38,7 @@ class Estimate:
 def estimate_run(cfg) -> Estimate:
     import torch
 
+    from reinforge.data.chat import render_prompt
     from reinforge.engine.base import SamplingParams
     from reinforge.engine.factory import build_engine
     from reinforge.tasks import task_source_for
@@ -45,7 +46,6 @@ def estimate_run(cfg) -> Estimate:
         load_model,
         load_tokenizer,
         model_source,
-        render_prompt,
         resolve_device,
         resolve_dtype,
     )
