@@ -26,6 +26,9 @@ def test_dry_run_prints_config_and_budgets(tmp_path):
     assert out.returncode == ExitCode.OK, out.stderr
     assert "[rollout]" in out.stdout and "prompt + rollout.max_new_tokens" in out.stdout
     assert "32 prompts x 8 samples = 256 sequences" in out.stdout
+    # how long the job takes, from a step of each phase timed just now at the config's size
+    assert "estimated time: about" in out.stdout and "RL: 60 steps x" in out.stdout
+    assert "SFT: 500 steps x" in out.stdout and "generation (32 x 8 x 8 tokens) took" in out.stdout
     assert not any(tmp_path.iterdir())  # nothing trained, nothing written
 
 
@@ -140,3 +143,56 @@ def test_runtime_failure_exits_nonzero_with_summary(tmp_path):
     assert out.returncode == ExitCode.RUNTIME_FAILURE, out.stdout + out.stderr
     assert "run failed after" in out.stderr and "error.txt" in out.stderr
     assert (tmp_path / "fail" / "error.txt").read_text().strip()
+
+
+def test_no_config_is_refused_pointing_at_the_quickstart(tmp_path):
+    out = cli("train", cwd=tmp_path)
+    assert out.returncode == ExitCode.CONFIG_ERROR
+    assert "configs/quickstart.toml" in out.stderr and "--resume RUN_DIR" in out.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_resume_keeps_the_saved_settings_and_refuses_or_lists_changes(tmp_path):
+    """`--resume RUN_DIR` alone continues with RUN_DIR/config.toml; a config or overrides that
+    change it are refused, naming each key, unless --allow-changes, which lists them and drops
+    an evaluation before the change (other tasks) from the summary's comparison."""
+    run = tmp_path / "r"
+    start = ["train", *TINY_RUN, f"run.output_dir={tmp_path}", "run.name=r", "run.max_steps=1"]
+    assert cli(*start).returncode == ExitCode.OK
+
+    refused = cli("train", "configs/quickstart.toml", "--resume", str(run))
+    assert refused.returncode == ExitCode.CONFIG_ERROR
+    assert (
+        "run.max_steps: 1 -> 60" in refused.stderr and "task.num_eval: 16 -> 200" in refused.stderr
+    )
+    assert "--allow-changes" in refused.stderr
+    refused = cli("train", "--resume", str(run), "run.max_steps=2")
+    assert refused.returncode == ExitCode.CONFIG_ERROR and "run.max_steps: 1 -> 2" in refused.stderr
+
+    same = cli("train", "--resume", str(run))  # the saved settings: already at run.max_steps
+    assert same.returncode == ExitCode.NOTHING_TRAINED, same.stdout + same.stderr
+    assert f"resuming {run} after RL step 1 (checkpoint step_000001" in same.stdout
+    assert "--allow-changes" in same.stderr
+
+    changes = ["run.max_steps=2", "task.num_eval=8"]
+    changed = cli("train", "--resume", str(run), *changes, "--allow-changes")
+    assert changed.returncode == ExitCode.OK, changed.stdout + changed.stderr
+    assert "run.max_steps: 1 -> 2" in changed.stdout and "task.num_eval: 16 -> 8" in changed.stdout
+    assert "settings changed on resume" in changed.stdout
+    assert "held-out accuracy before RL │ -" in changed.stdout  # 16 tasks then, 8 now
+    assert "task.num_eval=8" not in (run / "config.toml").read_text()
+    assert "num_eval = 8" in (run / "config.toml").read_text()
+    assert len((run / "config_changes.txt").read_text().splitlines()) == 2
+
+
+def test_version_and_null_override(tmp_path):
+    out = cli("--version")
+    assert out.returncode == 0 and out.stdout.startswith("reinforge ")
+    from reinforge.config import TrainConfig, load_config
+
+    cfg = load_config(
+        TrainConfig, None, ["task.name=dataset", "task.path=a.jsonl", "task.eval_path=null"]
+    )
+    assert cfg.task.eval_path is None
+    cfg = load_config(TrainConfig, None, ["model.tokenizer='null'"])
+    assert cfg.model.tokenizer == "null"

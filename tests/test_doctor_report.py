@@ -44,10 +44,7 @@ def test_report_of_finished_and_stopped_runs(tmp_path):
     assert (
         report.status == "failed: RuntimeError: boom" and report.last_error == "RuntimeError: boom"
     )
-    assert (
-        report.resume_command
-        == f"reinforge train {tmp_path / 'r' / 'config.toml'} --resume {tmp_path / 'r'}"
-    )
+    assert report.resume_command == f"reinforge train --resume {tmp_path / 'r'}"
 
 
 def test_doctor_command_prints_a_table_a_verdict_and_a_distinct_exit_code(capsys):

@@ -22,13 +22,19 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"reinforge {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_text in [
         ("train", "SFT stage (optional) then RL"),
         ("sft", "supervised fine-tuning"),
     ]:
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("config", nargs="?", help="TOML config (omit for all defaults)")
+        p.add_argument(
+            "config",
+            nargs="?",
+            help="TOML config, e.g. configs/quickstart.toml (omit with --resume, or give "
+            "section.key=value settings to start from the defaults)",
+        )
         p.add_argument(
             "overrides",
             nargs="*",
@@ -43,7 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--resume",
             metavar="RUN_DIR",
-            help="continue the run in RUN_DIR from its latest checkpoint",
+            help="continue the run in RUN_DIR from its latest checkpoint, with its saved "
+            "settings (RUN_DIR/config.toml); a config or overrides that change them are refused",
+        )
+        p.add_argument(
+            "--allow-changes",
+            action="store_true",
+            help="with --resume: continue with the changed settings given (each is listed in "
+            "the log and the summary)",
         )
     docs = sub.add_parser(
         "config-docs", help="print the config reference (Markdown) generated from the field docs"
@@ -73,8 +86,25 @@ def build_parser() -> argparse.ArgumentParser:
         "how to resume, from a run directory alone.",
     )
     report.add_argument("run_dir", metavar="RUN_DIR")
+    report.add_argument(
+        "--html",
+        nargs="?",
+        const="",
+        metavar="OUT",
+        help="also write the run as one self-contained HTML page (curves of every metric, "
+        "config, failures, a sample browser) to OUT (default: RUN_DIR/report.html)",
+    )
     cli_models.add_parsers(sub)  # eval, export, serve
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("reinforge")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,6 +155,11 @@ def run_checkup(args) -> int:
         from reinforge.report import build_report, print_run_report
 
         print_run_report(build_report(Path(args.run_dir)))
+        if args.html is not None:
+            from reinforge.report_html import write_html_report
+
+            page = write_html_report(Path(args.run_dir), Path(args.html) if args.html else None)
+            print(f"html report: {page} (open it in a browser; one file, works offline)")
         return ExitCode.OK
     from reinforge.doctor import print_report, run_doctor
 
@@ -136,6 +171,14 @@ def run_checkup(args) -> int:
     return report.exit_code
 
 
+NO_CONFIG = (
+    "reinforge {command} needs a config: e.g. `reinforge {command} configs/quickstart.toml` (the "
+    "built-in demo, minutes on a CPU); continue a run with `reinforge {command} --resume "
+    "RUN_DIR`; to start from the built-in defaults on purpose, give the settings you mean as "
+    "section.key=value (e.g. `reinforge {command} model.path=Qwen/Qwen2.5-0.5B-Instruct`)"
+)
+
+
 def run_command(args) -> int:
     from reinforge.config import ROOTS, load_config
 
@@ -144,10 +187,27 @@ def run_command(args) -> int:
     if config_path and "=" in config_path and not Path(config_path).exists():
         overrides.insert(0, config_path)
         config_path = None
-    cfg = load_config(ROOTS[args.command], config_path, overrides)
+    args.config_changes = []
     if args.resume:
-        resume_dir = Path(args.resume)
-        cfg.run.output_dir, cfg.run.name = str(resume_dir.parent), resume_dir.name
+        from reinforge.resume_config import resume_config
+
+        cfg, args.config_changes = resume_config(
+            args.command,
+            ROOTS[args.command],
+            Path(args.resume),
+            config_path,
+            overrides,
+            args.allow_changes,
+        )
+    else:
+        if args.allow_changes:
+            raise ConfigError(
+                "--allow-changes goes with --resume RUN_DIR (a new run has no "
+                "earlier settings to change)"
+            )
+        if config_path is None and not overrides and not args.dry_run:
+            raise ConfigError(NO_CONFIG.format(command=args.command))
+        cfg = load_config(ROOTS[args.command], config_path, overrides)
 
     from reinforge import distributed
     from reinforge.preflight import run_preflight
@@ -158,9 +218,14 @@ def run_command(args) -> int:
     try:
         pf = run_preflight(cfg)
         if args.dry_run:
+            from reinforge.cli_output import annotated_toml, print_preflight
+
             print(annotated_toml(cfg))
             print_preflight(pf, cfg)
             pf.raise_if_failed()
+            from reinforge.estimate import estimate_run
+
+            print("\n".join(estimate_run(cfg).lines()))
             print("dry run: config and budgets OK; nothing was trained")
             return ExitCode.OK
         pf.raise_if_failed()
@@ -174,6 +239,7 @@ def run_command(args) -> int:
 
 def execute(args, cfg) -> int:
     from reinforge.config import to_toml
+    from reinforge.distributed import is_main
     from reinforge.run import RunContext, guarded
     from reinforge.train.common import run_dir_of
 
@@ -185,6 +251,10 @@ def execute(args, cfg) -> int:
         on_damaged=cfg.checkpoint.on_damaged,
     )
     ctx.install_signal_handlers()
+    if args.config_changes and is_main():
+        from reinforge.resume_config import record_changes
+
+        record_changes(ctx.run_dir, args.config_changes)
     with guarded(cfg, ctx):
         return finish(args, cfg, ctx)
 
@@ -192,8 +262,10 @@ def execute(args, cfg) -> int:
 def finish(args, cfg, ctx) -> int:
     """Run the command; every way it ends becomes a summary, a file in the run directory for
     `reinforge report`, and an exit code."""
+    from reinforge.cli_output import print_summary
     from reinforge.distributed import is_main
-    from reinforge.report import run_counters
+    from reinforge.report import headline_rows, run_counters
+    from reinforge.resume_config import change_notes
     from reinforge.run import Stopped
 
     try:
@@ -207,11 +279,7 @@ def finish(args, cfg, ctx) -> int:
             summary = run_sft(cfg, ctx)
     except Stopped as stop:
         print(f"\nstopped by {stop.signal_name}; checkpoint saved at {stop.checkpoint}")
-        print(
-            f"resume with: reinforge {args.command} {args.config or ''} --resume {ctx.run_dir}".replace(
-                "  ", " "
-            )
-        )
+        print(f"resume with: reinforge {args.command} --resume {ctx.run_dir}")
         return ExitCode.STOPPED_AFTER_SAVE
     except RunFailure as e:
         error_file(ctx).write_text(f"{type(e).__name__}: {e}\n")
@@ -236,13 +304,16 @@ def finish(args, cfg, ctx) -> int:
         return ExitCode.RUNTIME_FAILURE
     summary.wall_s = ctx.elapsed()
     summary.counters = run_counters(ctx.run_dir)
+    summary.extra["headlines"] = headline_rows(ctx.run_dir)
+    summary.notes += change_notes(summary, args.config_changes)
     if not is_main():  # rank 0 speaks for the run
         return ExitCode.OK if summary.steps_trained else ExitCode.NOTHING_TRAINED
     print_summary(summary)
     if summary.steps_trained == 0:
         print(
             f"nothing was trained: the run is already at step {summary.final_step} of run.max_steps = "
-            f"{cfg.run.max_steps}; raise run.max_steps to train further",
+            f"{cfg.run.max_steps}; raise run.max_steps to train further (reinforge {args.command} "
+            f"--resume {ctx.run_dir} run.max_steps={cfg.run.max_steps * 2} --allow-changes)",
             file=sys.stderr,
         )
         return ExitCode.NOTHING_TRAINED
@@ -254,69 +325,6 @@ def error_file(ctx) -> Path:
     from reinforge.distributed import rank
 
     return ctx.run_dir / ("error.txt" if rank() == 0 else f"error.rank{rank()}.txt")
-
-
-def annotated_toml(cfg) -> str:
-    """The resolved config as TOML; each preset-backed `[algorithm]` value says where it came
-    from (the preset, or a setting and the preset's value it replaced)."""
-    from reinforge.config import to_toml
-
-    text = to_toml(cfg)
-    algorithm = getattr(cfg, "algorithm", None)
-    if algorithm is None:
-        return text
-    origins = algorithm.origins()
-    lines, section = [], None
-    for line in text.splitlines():
-        if line.startswith("["):
-            section = line.strip("[]")
-        key = line.split(" = ", 1)[0]
-        if section == "algorithm" and key in origins:
-            line = f"{line}  # {origins[key]}"
-        lines.append(line)
-    return "\n".join(lines) + "\n"
-
-
-def print_preflight(pf, cfg) -> None:
-    from rich.table import Table
-
-    from reinforge.metrics import console
-
-    table = Table(title="preflight", show_header=False)
-    table.add_column(overflow="fold")
-    table.add_column(overflow="fold")
-    for k, v in pf.rows:
-        table.add_row(k, v)
-    for w in pf.warnings:
-        table.add_row("[yellow]warning[/]", w)
-    for e in pf.errors:
-        table.add_row("[red]error[/]", e)
-    console.print(table)
-
-
-def print_summary(s) -> None:
-    from rich.table import Table
-
-    from reinforge.metrics import console
-
-    def pct(x):
-        return "-" if x is None else f"{100 * x:.1f}%"
-
-    table = Table(title=f"reinforge {s.command}: summary", show_header=False)
-    table.add_column(overflow="fold")
-    table.add_column(overflow="fold")
-    table.add_row("steps trained", f"{s.steps_trained} (now at step {s.final_step})")
-    if s.sft_eval_before is not None:
-        table.add_row("held-out accuracy before SFT", pct(s.sft_eval_before))
-    table.add_row("held-out accuracy before", pct(s.eval_before))
-    table.add_row("held-out accuracy after", pct(s.eval_after))
-    table.add_row("wall time", f"{s.wall_s:.0f} s")
-    failures = ", ".join(f"{k} {v:g}" for k, v in sorted(s.counters.items()) if v)
-    table.add_row("failures counted", failures or "none")
-    for note in s.notes:
-        table.add_row("note", note)
-    console.print(table)
-    print(f"run directory: {s.run_dir}")
 
 
 if __name__ == "__main__":

@@ -65,16 +65,25 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     keys = [k.strip() for k in dotted.strip().split(".")]
     if not all(keys):
         raise ConfigError(f"override {item!r}: empty key in {dotted!r} (e.g. optim.lr=1e-5)")
-    try:
-        value = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = text  # bare words are strings: model.path=/data/ckpt
+    value = parse_override_value(text)
     node = raw
     for key in keys[:-1]:
         node = node.setdefault(key, {})
         if not isinstance(node, dict):
             raise ConfigError(f"override {item!r}: {key!r} is a value, not a section")
     node[keys[-1]] = value
+
+
+def parse_override_value(text: str) -> Any:
+    """A TOML value (`0.7`, `true`, `[1, 2]`, `"text"`); a bare word is a string
+    (`model.path=/data/ckpt`); `null` unsets the key (None: the setting's "not set", e.g.
+    `task.eval_path=null`); the string "null" is written `'"null"'`."""
+    if text.strip() == "null":
+        return None
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
 
 
 def _variants(annotation: Any) -> list[type[BaseModel]]:

@@ -64,6 +64,12 @@ def _version(module: str) -> str | None:
     return str(getattr(mod, "__version__", "installed"))
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def check_environment(report: DoctorReport, output_dir: str = ".") -> None:
     py = sys.version_info
     report.add(
@@ -83,11 +89,17 @@ def check_environment(report: DoctorReport, output_dir: str = ".") -> None:
         ("safetensors", True),
         ("pydantic", True),
         ("peft", False),
-        ("triton", False),
     ):
         v = _version(name)
         status = OK if v else (FAIL if required else WARN)
         report.add(name, v or "missing", status, f"pip install {name}" if not v else "")
+    triton = _version("triton")
+    if triton or not (torch_v and _has_cuda()):
+        report.add("triton", triton or "absent (only GPU runs use it)")
+    else:
+        report.add(
+            "triton", "absent: GPU runs fall back to slow kernels (pip install triton)", WARN
+        )
     report.add("cpu", f"{os.cpu_count()} cores, {platform.machine()}")
     try:
         pages, page_size = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
@@ -112,6 +124,42 @@ def check_environment(report: DoctorReport, output_dir: str = ".") -> None:
         ("wandb", _version("wandb") is not None),
     ):
         report.add(label, "present" if present else "absent", OK if present else WARN)
+
+
+# What each command imports when it runs; a base install (`pip install reinforge`) must load all
+# of them but `serve`, whose HTTP layer is the `serve` extra.
+COMMAND_MODULES = {
+    "train": ("reinforge.train.rl",),
+    "sft": ("reinforge.train.sft_run",),
+    "eval": ("reinforge.eval_run", "reinforge.eval", "reinforge.server.backend"),
+    "export": ("reinforge.export",),
+    "report": ("reinforge.report", "reinforge.report_html"),
+}
+
+
+def check_commands(report: DoctorReport) -> None:
+    """Each command's modules import here (what `reinforge eval` failing on a base install for
+    want of fastapi would have shown); `serve` warns, naming its extra."""
+    broken = {}
+    for command, modules in COMMAND_MODULES.items():
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except Exception as e:
+                broken[command] = f"{module}: {type(e).__name__}: {e}"
+                break
+    for command, error in broken.items():
+        report.add(f"reinforge {command}", error, FAIL, "pip install -e . (reinstall reinforge)")
+    if not broken:
+        report.add("commands", f"{', '.join(COMMAND_MODULES)} load")
+    serve = _version("fastapi") is not None and _version("uvicorn") is not None
+    report.add(
+        "reinforge serve",
+        "fastapi and uvicorn present"
+        if serve
+        else "fastapi or uvicorn absent (pip install 'reinforge[serve]')",
+        OK if serve else WARN,
+    )
 
 
 def check_devices(report: DoctorReport, smoke: bool = True) -> None:
@@ -217,6 +265,7 @@ def run_doctor(
     check_environment(report, output_dir_of(command, config, list(overrides)))
     if not report.is_ok:
         return report  # torch or transformers missing: nothing further can run
+    check_commands(report)
     check_devices(report, smoke=smoke)
     if config is not None or overrides:
         check_config(report, command, config, list(overrides))

@@ -24,6 +24,7 @@ away, fails with an `ExportError` that says which and what to do.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,10 +123,21 @@ def export(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _give_default_modes(tmp)
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
     return dataclasses.replace(report, out_dir=out)
+
+
+def _give_default_modes(folder: Path) -> None:
+    """Every exported file readable as a file the user wrote is (0644 under the usual umask):
+    safetensors writes its shards through a private temporary file (0600)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
 
 
 def resolve_checkpoint(source: Path) -> Path:

@@ -21,6 +21,8 @@ console = Console(highlight=False, soft_wrap=True)
 CONSOLE_FIELDS = [
     ("reward_mean", "reward", "{:.3f}"),
     ("accuracy", "acc", "{:.3f}"),
+    ("tool_call_rate", "tools", "{:.2f}"),
+    ("win_rate", "win", "{:.2f}"),
     ("response_len", "len", "{:.1f}"),
     ("kl_ref", "kl_ref", "{:.4f}"),
     ("kl_sampler", "kl_smp", "{:.1e}"),
@@ -106,6 +108,29 @@ class NullLogger:
         pass
 
 
+def episode_fields(tokenizer, trajectory) -> dict[str, Any]:
+    """What samples.jsonl keeps of an episode besides its prompt and completion (for the HTML
+    report's sample browser): its data source, and for a multi-turn
+    episode its turns in order, the model's (`assistant`, tool calls included as it wrote them)
+    and the environment's (`env`: tool results, game boards), cut where the loss mask changes."""
+    task, completion = trajectory.task, trajectory.completion
+    out: dict[str, Any] = {}
+    if "data_source" in task.info:  # datasets' rows name theirs; built-in tasks have one source
+        out["data_source"] = str(task.info["data_source"])
+    mask = completion.loss_mask
+    if mask is not None and 0 in mask:
+        turns, start = [], 0
+        for i in range(1, len(mask) + 1):
+            if i == len(mask) or mask[i] != mask[start]:
+                role = "assistant" if mask[start] else "env"
+                turns.append(
+                    {"role": role, "text": tokenizer.decode(completion.token_ids[start:i])}
+                )
+                start = i
+        out["turns"] = turns
+    return out
+
+
 def truncate_after(path: Path, key: tuple[int, int]) -> None:
     """On resume, drop lines a stopped run wrote after its last checkpoint (`key` = (phase rank,
     step)): the resumed run writes those steps again, so the file reads as if it never stopped."""
@@ -153,46 +178,70 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 def plot_curves(run_dir: Path) -> Path | None:
-    """reward and accuracy against step, from metrics.jsonl, as curves.png."""
-    rows = [r for r in read_metrics(run_dir / "metrics.jsonl")]
+    """curves.png from metrics.jsonl: one panel each for the RL reward, the rates scored 0..1
+    (train and held-out accuracy, tool-call and win rates) and the SFT loss, so no line hides
+    another (a 0/1 reward's mean equals the accuracy)."""
+    rows = read_metrics(run_dir / "metrics.jsonl")
     rl = [r for r in rows if r.get("phase") == "rl" and "reward_mean" in r]
-    ev = [r for r in rows if "eval_accuracy" in r]
-    if not rl and not ev:
+    sft = [r for r in rows if r.get("phase") == "sft" and ("loss" in r or "eval_loss" in r)]
+    panels = [(draw, data) for draw, data in PANELS if data(rl, rows, sft)]
+    if not panels:
         return None
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    if rl:
-        ax.plot(
-            [r["step"] for r in rl],
-            [r["reward_mean"] for r in rl],
-            label="train reward (mean)",
-            alpha=0.8,
-        )
-        if "accuracy" in rl[0]:
-            ax.plot(
-                [r["step"] for r in rl],
-                [r["accuracy"] for r in rl],
-                label="train accuracy",
-                alpha=0.8,
-            )
-    if ev:
-        ax.plot(
-            [r["step"] for r in ev],
-            [r["eval_accuracy"] for r in ev],
-            "o-",
-            label="held-out accuracy",
-        )
-    ax.set_xlabel("RL step")
-    ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
-    ax.set_title(run_dir.name)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), dpi=100)
+    for ax, (draw, data) in zip(list(getattr(axes, "flat", [axes])), panels):
+        for label, steps, values, style in data(rl, rows, sft):
+            ax.plot(steps, values, style, label=label, alpha=0.85, markersize=4)
+        draw(ax)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(run_dir.name)
     out = run_dir / "curves.png"
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
     return out
+
+
+def _series(rows: list[dict], key: str, label: str, style: str = "-") -> list[tuple]:
+    have = [r for r in rows if key in r]
+    return [(label, [r["step"] for r in have], [r[key] for r in have], style)] if have else []
+
+
+def _reward(rl, rows, sft) -> list[tuple]:
+    return _series(rl, "reward_mean", "train reward (mean)")
+
+
+def _rates(rl, rows, sft) -> list[tuple]:
+    held_out = [r for r in rows if r.get("phase", "rl") == "rl"]
+    return [
+        *_series(rl, "accuracy", "train accuracy"),
+        *_series(held_out, "eval_accuracy", "held-out accuracy", "o-"),
+        *_series(rl, "tool_call_rate", "tool-call rate"),
+        *_series(rl, "win_rate", "win rate"),
+    ]
+
+
+def _sft_loss(rl, rows, sft) -> list[tuple]:
+    return [*_series(sft, "loss", "SFT loss"), *_series(sft, "eval_loss", "validation loss", "o-")]
+
+
+def _axes(title: str, xlabel: str, unit_range: bool):
+    def draw(ax) -> None:
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel(xlabel)
+        if unit_range:
+            ax.set_ylim(-0.02, 1.02)
+
+    return draw
+
+
+PANELS = [
+    (_axes("reward", "RL step", False), _reward),
+    (_axes("rates", "RL step", True), _rates),
+    (_axes("SFT loss", "SFT step", False), _sft_loss),
+]

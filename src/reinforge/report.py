@@ -78,7 +78,7 @@ def build_report(run_dir: Path) -> RunReport:
     report.best = best_metrics(rows)
     report.counters = counters_of(rows)
     if _latest_state(run_dir) is not None and not status.startswith("finished"):
-        report.resume_command = f"reinforge {command} {run_dir / 'config.toml'} --resume {run_dir}"
+        report.resume_command = f"reinforge {command} --resume {run_dir}"
     report.plot = plot_curves(run_dir)
     return report
 
@@ -86,6 +86,29 @@ def build_report(run_dir: Path) -> RunReport:
 def run_counters(run_dir: Path) -> dict[str, float]:
     """Failure counters summed over every step the run logged (all its processes)."""
     return counters_of(read_metrics(Path(run_dir) / "metrics.jsonl"))
+
+
+# A task's own headline besides accuracy: (metric key, label), shown before -> after.
+HEADLINES = (("tool_call_rate", "tool-call rate"), ("win_rate", "win rate"))
+
+
+def headline_rows(run_dir: Path) -> list[tuple[str, str]]:
+    """(label, "first -> last") for each headline rate the run logged: over the RL steps, and
+    held-out (before RL -> last evaluation) where the evaluation scored it."""
+    rows = [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if r.get("phase") == "rl"]
+    out = []
+    for key, label in HEADLINES:
+        for scope, k in (("RL steps", key), ("held-out", f"eval_{key}")):
+            have = [r for r in rows if k in r]
+            if have:
+                first, last = have[0], have[-1]
+                out.append(
+                    (
+                        f"{label}, {scope}",
+                        f"{first[k]:.2f} (step {first['step']}) -> {last[k]:.2f} (step {last['step']})",
+                    )
+                )
+    return out
 
 
 def counters_of(rows: list[dict]) -> dict[str, float]:

@@ -100,6 +100,7 @@ class RunContext:
 
             for note in prepare_resume(run_dir, self.on_damaged):  # type: ignore[arg-type]
                 print(note, file=sys.stderr)
+            print(resume_point(run_dir))
         elif run_dir.exists() and any(run_dir.iterdir()):
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -139,6 +140,25 @@ def _from_main(failure: RunFailure | None) -> RunFailure | None:
     shared = [failure]
     torch.distributed.broadcast_object_list(shared, src=0)
     return shared[0]
+
+
+def resume_point(run_dir: Path) -> str:
+    """The line a resumed run starts with: which checkpoint, which phase and step."""
+    from reinforge.checkpoint import latest_checkpoint, load_trainer_state
+
+    ckpt = latest_checkpoint(run_dir)
+    assert ckpt is not None  # checked in __init__
+    state = load_trainer_state(ckpt)
+    if state.phase == "sft":
+        where = f"after SFT step {state.step}"
+    elif state.step == 0:
+        where = "after the SFT stage, before RL step 1"
+    else:
+        where = f"after RL step {state.step}"
+    return (
+        f"resuming {run_dir} {where} (checkpoint {ckpt.name}, "
+        f"{state.data_position} training tasks consumed)"
+    )
 
 
 @contextmanager

@@ -65,7 +65,7 @@ def test_sigterm_then_resume_equals_uninterrupted(tmp_path, adapter):
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == ExitCode.STOPPED_AFTER_SAVE, out
-    assert "checkpoint saved" in out and f"--resume {run}" in out
+    assert "checkpoint saved" in out and f"resume with: reinforge train --resume {run}\n" in out
     stopped_at = json.loads(
         (
             run
@@ -76,7 +76,7 @@ def test_sigterm_then_resume_equals_uninterrupted(tmp_path, adapter):
     )["step"]
     assert 1 <= stopped_at < 8
 
-    resumed = cli(*args, "run.name=stopped", "--resume", str(run))
+    resumed = cli("train", "--resume", str(run))  # the printed command: the run's own settings
     assert resumed.returncode == ExitCode.OK, resumed.stderr
     assert metrics(run) == metrics(tmp_path / "straight")
     weights = "adapter_model.safetensors" if adapter else "model.safetensors"

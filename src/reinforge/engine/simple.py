@@ -6,6 +6,7 @@ behind the same interface; this one stays as the reference and the fallback.
 
 from __future__ import annotations
 
+import inspect
 import time
 
 import torch
@@ -24,6 +25,7 @@ class SimpleEngine:
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
         self._stats = GenerationStats()
+        self._cache_kwarg = cache_kwarg(model)
 
     @property
     def stats(self) -> GenerationStats:
@@ -88,8 +90,8 @@ class SimpleEngine:
                 input_ids=step_ids,
                 attention_mask=mask,
                 position_ids=step_pos,
-                past_key_values=cache,
                 use_cache=True,
+                **{self._cache_kwarg: cache},
             ).logits[:, -1]
             ids, lps = sample(
                 logits, params.temperature, params.top_p, params.top_k, params.min_p, generator
@@ -124,3 +126,10 @@ class SimpleEngine:
             return False
         tail = self.tokenizer.decode(ids[-32:], skip_special_tokens=False)
         return any(s in tail for s in stops)
+
+
+def cache_kwarg(model) -> str:
+    """The name the model's forward takes its KV cache by: `cache` from transformers 5.2x on
+    (which warns about `past_key_values`), `past_key_values` before."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"

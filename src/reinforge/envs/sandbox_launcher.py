@@ -23,9 +23,6 @@ import os
 import signal
 import sys
 
-if sys.platform != "win32":  # used only by the launcher; Sandbox() refuses other hosts unless told
-    import resource
-
 _PR_SET_PDEATHSIG, _PR_SET_CHILD_SUBREAPER = 1, 36
 _CLONE_NEWNS, _CLONE_NEWPID, _CLONE_NEWUSER, _CLONE_NEWNET = (
     0x00020000,
@@ -66,6 +63,8 @@ def _launch(spec_json: str) -> None:
 
 
 def _launch_program(spec: dict, status: dict) -> None:
+    import resource  # Unix only: imported in the child, so the package imports on Windows
+
     for name, soft, hard in spec["rlimits"]:
         resource.setrlimit(getattr(resource, name), (soft, hard))
     if spec["uid"] is not None:

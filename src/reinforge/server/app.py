@@ -49,8 +49,9 @@ try:
     from starlette.exceptions import HTTPException
 except ImportError as e:  # an optional extra: say how to install it
     raise ConfigError(
-        "`reinforge serve` needs fastapi and uvicorn; install them with "
-        "`pip install 'reinforge[serve]'`"
+        "the HTTP server (`reinforge serve`, `reinforge.server.create_app`) needs fastapi and "
+        "uvicorn; install them with `pip install 'reinforge[serve]'` (the other commands, "
+        "`reinforge eval` among them, do not)"
     ) from e
 
 log = logging.getLogger("reinforge.server")

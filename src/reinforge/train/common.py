@@ -43,6 +43,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def model_source(path: str, seed: int) -> str:
     """A loadable folder or hub name for `model.path` (building a built-in model on first use)."""
+    from reinforge.models.location import check_model_location
     from reinforge.models.shapes import is_shape, shape_source
     from reinforge.models.tiny import builtin_path, is_builtin
 
@@ -50,6 +51,7 @@ def model_source(path: str, seed: int) -> str:
         return str(builtin_path(path.split(":", 1)[1], seed))
     if is_shape(path):
         return str(shape_source(path, seed))
+    check_model_location(path)
     return path
 
 

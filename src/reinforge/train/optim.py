@@ -126,3 +126,15 @@ class MixedAdamW(torch.optim.Optimizer):
                 self.state[param][name] = saved[name].to(
                     device=param.device, dtype=self.state_dtype
                 )
+
+
+def advance_schedule(scheduler) -> None:
+    """Move the learning-rate schedule one step on, stepped or skipped: a step whose gradient
+    was not finite (or zero) leaves the weights alone but still counts, so the schedule stays
+    at the trainer's step. torch warns "lr_scheduler.step() before optimizer.step()" when the
+    first steps were skipped so; that is this intended order, not a mistake."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+        scheduler.step()

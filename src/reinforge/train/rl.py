@@ -26,7 +26,7 @@ from reinforge.distributed import (
 )
 from reinforge.envs.env_tasks import EnvTasks, single_turn_tasks
 from reinforge.eval import logged_metrics
-from reinforge.metrics import console, format_line, plot_curves
+from reinforge.metrics import console, episode_fields, format_line, plot_curves
 from reinforge.rollout.sources import LocalRollouts, RemoteRollouts, rollout_source
 from reinforge.rollout.trajectories import SUMMED as EPISODE_SUMS
 from reinforge.rollout.trajectories import episode_metrics, tool_use_notes
@@ -182,6 +182,7 @@ def sample_rows(policy: Policy, groups: list[Group], count: int) -> list[dict]:
                 "reward": t.reward,
                 "rewards": t.rewards,
                 "advantage": t.advantage,
+                **episode_fields(policy.tokenizer, t),  # data source, turns
             }
         )
     return rows

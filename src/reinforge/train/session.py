@@ -4,6 +4,7 @@ held-out evaluation, checkpoint saving, the SFT phase, the progress bar."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -201,42 +202,46 @@ def sft_phase(
         state = TrainerState("sft", 0, state.data_position, False, state.micro_batch_tokens)
     every = max(total_steps // 10, 1)
     mine = share(s.batch_size)  # this rank's examples of each batch
-    for step in range(state.step + 1, total_steps + 1):
-        prompts, responses, masks = sft_examples(
-            policy.tokenizer, tasks, state.data_position + mine.start, len(mine)
-        )
-        state.data_position += s.batch_size
-        with faults.site("training") as poison:
-            metrics = sft_step(
-                policy.model,
-                policy.tokenizer,
-                optimizer,
-                scheduler,
-                prompts,
-                responses,
-                o.max_grad_norm,
-                micro_batch_tokens=cfg.train.micro_batch_tokens,
-                poison=poison,
-                share_prompts=cfg.train.share_prompts,
-                masks=masks,
-                accumulate_unsharded=getattr(cfg, "distributed", None) is not None
-                and cfg.distributed.accumulate_unsharded is True,
+    eta = StepTimer(total_steps, state.step)
+    with progress_bar(total_steps, state.step, "SFT") as advance:
+        for step in range(state.step + 1, total_steps + 1):
+            prompts, responses, masks = sft_examples(
+                policy.tokenizer, tasks, state.data_position + mine.start, len(mine)
             )
-        state.step = step
-        logger.log(step, {**metrics, **faults.step_metrics()}, phase="sft")
-        enforce_non_finite_policy(cfg.train, state, metrics, "sft")
-        if step % every == 0 or step == total_steps:
-            console.print(
-                f"sft {step:>5}/{total_steps} | loss {metrics['loss']:.4f} | lr {metrics['lr']:.2e}"
-            )
-        if validate is not None:
-            validate(step)
-        if any_rank(ctx.should_stop) and step < total_steps:
-            path = save(ctx, f"sft_step_{step:06d}", policy, optimizer, scheduler, state)
-            raise Stopped(ctx.stop_signal or "signal", path)
-        if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total_steps:
-            keep = cfg.checkpoint.keep_last
-            save(ctx, f"sft_step_{step:06d}", policy, optimizer, scheduler, state, keep)
+            state.data_position += s.batch_size
+            with faults.site("training") as poison:
+                metrics = sft_step(
+                    policy.model,
+                    policy.tokenizer,
+                    optimizer,
+                    scheduler,
+                    prompts,
+                    responses,
+                    o.max_grad_norm,
+                    micro_batch_tokens=cfg.train.micro_batch_tokens,
+                    poison=poison,
+                    share_prompts=cfg.train.share_prompts,
+                    masks=masks,
+                    accumulate_unsharded=getattr(cfg, "distributed", None) is not None
+                    and cfg.distributed.accumulate_unsharded is True,
+                )
+            state.step = step
+            logger.log(step, {**metrics, **faults.step_metrics()}, phase="sft")
+            advance()
+            enforce_non_finite_policy(cfg.train, state, metrics, "sft")
+            if step % every == 0 or step == total_steps:
+                console.print(
+                    f"sft {step:>5}/{total_steps} | loss {metrics['loss']:.4f} | "
+                    f"lr {metrics['lr']:.2e} | {eta.left(step)}"
+                )
+            if validate is not None:
+                validate(step)
+            if any_rank(ctx.should_stop) and step < total_steps:
+                path = save(ctx, f"sft_step_{step:06d}", policy, optimizer, scheduler, state)
+                raise Stopped(ctx.stop_signal or "signal", path)
+            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total_steps:
+                keep = cfg.checkpoint.keep_last
+                save(ctx, f"sft_step_{step:06d}", policy, optimizer, scheduler, state, keep)
     state = TrainerState("rl", 0, state.data_position, True, state.micro_batch_tokens)
     save_sft_final(cfg, ctx, policy, state)
     for stale in checkpoints_dir(ctx.run_dir).glob("sft_step_*"):
@@ -272,6 +277,29 @@ def first_eval_from_log(
         if row.get("phase") == phase and row.get("step") == 0 and key in row:
             return row[key]
     return None
+
+
+class StepTimer:
+    """Time left in a phase, from the mean time of the steps this process ran (for the log
+    lines, which a log file keeps where the progress bar is drawn only on a terminal)."""
+
+    def __init__(self, total: int, done: int):
+        self.total, self.first, self.started = total, done, time.perf_counter()
+
+    def left(self, step: int) -> str:
+        ran = step - self.first
+        if ran <= 0 or step >= self.total:
+            return f"{_duration(time.perf_counter() - self.started)} in this process"
+        per_step = (time.perf_counter() - self.started) / ran
+        return f"about {_duration(per_step * (self.total - step))} left"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 @contextmanager

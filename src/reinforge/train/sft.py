@@ -25,6 +25,7 @@ from reinforge.distributed import (
 )
 from reinforge.envs.env_tasks import EnvTasks
 from reinforge.train.forward import completion_rows, micro_batches
+from reinforge.train.optim import advance_schedule
 from reinforge.types import Message, Task
 
 SFTBatch = tuple[list[list[int]], list[list[int]], list[list[int]]]  # prompts, responses, masks
@@ -99,7 +100,7 @@ def sft_step(
     if is_finite:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)  # a skipped step's gradient must not leak into the next
-    scheduler.step()
+    advance_schedule(scheduler)
     return {
         "loss": total_loss,
         "grad_norm": grad_norm,

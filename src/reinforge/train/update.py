@@ -33,6 +33,7 @@ from reinforge.train.advantage_step import StepBatch
 from reinforge.train.diagnostics import clip_fractions, measure_policy_change
 from reinforge.train.forward import completion_rows, micro_batches
 from reinforge.train.learner import Learner
+from reinforge.train.optim import advance_schedule
 from reinforge.train.value import head_values
 
 
@@ -153,5 +154,5 @@ def optimizer_step(cfg: TrainConfig, learner: Learner) -> dict[str, float]:
         learner.optimizer.step()
     metrics["nonfinite_skipped"] = 0.0 if is_finite else 1.0  # parameters untouched
     learner.optimizer.zero_grad(set_to_none=True)
-    learner.scheduler.step()
+    advance_schedule(learner.scheduler)
     return metrics
