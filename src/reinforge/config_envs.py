@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from reinforge.config_base import Section
+from reinforge.config_data import DatasetRowsSection
 
 ParserName = Literal["hermes", "llama3_json", "mistral"]
 
@@ -214,7 +215,76 @@ class GameTaskConfig(EnvTaskConfig):
         return self
 
 
-ENV_TASK_CONFIGS = (ToolArithmeticTaskConfig, HtmlTaskConfig, SearchTaskConfig, GameTaskConfig)
+BUILTIN_TOOLS = ("python", "search", "open")
+
+
+class ToolsTaskConfig(EnvTaskConfig, DatasetRowsSection):
+    name: Literal["tools"] = "tools"
+    """Your questions (rows from `path`, read as with name = "dataset"), answered through your
+    tools and built-in ones in one episode; the answer is scored against the row's answer by
+    the reward of its data_source (task.reward), plus task.rewards' other components."""
+    tools: list[str] = Field(min_length=1)
+    """The tools offered: your typed, documented Python functions, "path/to/file.py:function"
+    or "package.module:function" (the signature and docstring become the schema), and the
+    built-ins "python" (code in the sandbox of task.sandbox), "search" (the best hits for a
+    query in task.corpus or from task.search_backend) and "open" (a hit's full text)."""
+    corpus: str | None = None
+    """The documents `search` looks through (BM25): a .jsonl / .json / .parquet / .csv file of
+    rows with text (and optionally id and title), or a folder of .txt / .md files, one document
+    each. Bad rows are reported with their row numbers, skipped or fatal as task.on_bad_row
+    says."""
+    search_backend: str | None = None
+    """Instead of a corpus, your own search function, "path/to/file.py:function" or
+    "package.module:function" taking (query: str, k: int) and returning a list of hits, each a
+    text or a dict with text, title and id (a web search, a company index)."""
+    system_prompt: str | None = None
+    """A system message opening every episode (before the row's own, if it has one): how to
+    use the tools and how to answer. Templates without tool support need it to name them."""
+    parser: ParserName = "hermes"
+    """Tool-call format of the model (see tool_arithmetic)."""
+    max_calls_per_turn: int = Field(4, ge=1, le=1000)
+    """Tool calls run per assistant message; further ones are answered with an error."""
+    max_tool_output_chars: int = Field(2000, ge=1)
+    """A tool reply longer than this is cut, with a note saying so."""
+    sandbox: SandboxSection = SandboxSection()
+    """The code sandbox of the "python" tool."""
+
+    @model_validator(mode="after")
+    def _tools_resolvable(self) -> ToolsTaskConfig:
+        for i, ref in enumerate(self.tools):
+            if ref not in BUILTIN_TOOLS and ":" not in ref:
+                raise ValueError(
+                    f"tools[{i}] = {ref!r} is neither a built-in tool ({', '.join(BUILTIN_TOOLS)}) "
+                    'nor a function: write "path/to/file.py:function" or "package.module:function"'
+                )
+        if len(set(self.tools)) < len(self.tools):
+            raise ValueError(f"tools = {self.tools} lists a tool twice; list each once")
+        searches = {"search", "open"} & set(self.tools)
+        if self.corpus is not None and self.search_backend is not None:
+            raise ValueError(
+                "corpus and search_backend both say what `search` looks through; set only one"
+            )
+        if searches and self.corpus is None and self.search_backend is None:
+            raise ValueError(
+                f"tools has {sorted(searches)}, which need documents: set corpus "
+                '(e.g. corpus = "docs.jsonl", rows of {id, title, text}, or a folder of .txt '
+                'files) or search_backend = "my_search.py:search"'
+            )
+        if not searches and (self.corpus or self.search_backend):
+            raise ValueError(
+                'corpus / search_backend is set but tools has no "search": add "search" '
+                "to tools, or drop the setting"
+            )
+        return self
+
+
+ENV_TASK_CONFIGS = (
+    ToolArithmeticTaskConfig,
+    HtmlTaskConfig,
+    SearchTaskConfig,
+    GameTaskConfig,
+    ToolsTaskConfig,
+)
 
 
 def is_env_task(task_cfg: object) -> bool:

@@ -18,6 +18,7 @@ from reinforge.config_envs import (
     HtmlTaskConfig,
     SearchTaskConfig,
     ToolArithmeticTaskConfig,
+    ToolsTaskConfig,
 )
 
 
@@ -90,6 +91,7 @@ TaskConfig = Annotated[
     | ToolArithmeticTaskConfig
     | HtmlTaskConfig
     | SearchTaskConfig
-    | GameTaskConfig,
+    | GameTaskConfig
+    | ToolsTaskConfig,
     Field(discriminator="name"),
 ]

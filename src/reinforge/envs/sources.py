@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from reinforge.envs.base import Env, EnvState
+from reinforge.envs.tools_task import build_tools_task
 from reinforge.errors import ConfigError
 from reinforge.rewards import BUILTIN_REWARDS
 from reinforge.rewards.mix import RewardMix, RewardSpec
@@ -184,4 +185,5 @@ ENV_TASKS: dict[str, Callable[[Any], EnvTasks]] = {
     "html": build_html,
     "search": build_search,
     "game": build_game,
+    "tools": build_tools_task,
 }

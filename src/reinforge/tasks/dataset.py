@@ -45,6 +45,9 @@ def print_load_report(source: DatasetTasks) -> None:
         split += (
             f" ({source.num_train_dropped} training rows dropped: same prompt as a held-out one)"
         )
+    if source.num_other_split:
+        others = ", ".join(f"{v!r}: {n}" for v, n in sorted(source.num_other_split.items()))
+        split += f"; left out by task.split_column (neither train nor eval): {others}"
     rewards = (
         ", ".join(f"{s}: {r}" for s, r in sorted(source.rewards.names.items()))
         if source.rewards is not None
