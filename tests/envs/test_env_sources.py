@@ -24,7 +24,7 @@ def test_every_env_variant_of_task_has_one_builder():
     assert names <= union_names
 
 
-@pytest.mark.parametrize("name", sorted(ENV_TASKS))
+@pytest.mark.parametrize("name", sorted(set(ENV_TASKS) - {"tools"}))  # tools: the user's data
 def test_each_env_task_builds_with_its_defaults_and_plays_one_step(name):
     cfg = load_config(TrainConfig, None, [f"task.name={name}"])
     tasks = build_task_source(cfg.task)
