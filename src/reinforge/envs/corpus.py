@@ -66,7 +66,9 @@ def load_corpus(path: str, on_bad_row: str = "skip") -> tuple[list[Document], Lo
 
 
 def _read_rows(path: str, fmt: str) -> tuple[list[Document], LoadReport]:
-    report = LoadReport(path, "corpus", fmt, ROW_UNITS.get(fmt, "row"), schema="id/title/text")
+    report = LoadReport(
+        path, "corpus", fmt, ROW_UNITS.get(fmt, "row"), "id/title/text", loaded_unit="documents"
+    )
     docs: list[Document] = []
     seen: set[str] = set()
     for row, record in read_records(path, fmt, "train"):
@@ -103,7 +105,9 @@ def _problem(record: Any, seen: set[str]) -> tuple[str, str] | None:
 
 def _read_folder(folder: Path) -> tuple[list[Document], LoadReport]:
     files = sorted(f for f in folder.rglob("*") if f.suffix.lower() in TEXT_SUFFIXES)
-    report = LoadReport(str(folder), "corpus", "text files", "file", schema="one file a document")
+    report = LoadReport(
+        str(folder), "corpus", "text files", "file", "one file a document", loaded_unit="documents"
+    )
     if not files:
         raise ConfigError(
             f"{SETTING} = {str(folder)!r} is a folder with no {' / '.join(TEXT_SUFFIXES)} files; "

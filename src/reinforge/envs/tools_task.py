@@ -23,6 +23,7 @@ import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 from reinforge.errors import ConfigError
@@ -142,8 +143,12 @@ def resolve_tools(cfg) -> list[Callable[..., Any]]:
     return fns
 
 
+_CORPORA: dict[tuple[str, str], Any] = {}  # (corpus, on_bad_row) -> its BM25 index
+
+
 def search_backend(cfg):
-    """BM25 over `task.corpus`, or the user's `task.search_backend` function."""
+    """BM25 over `task.corpus` (read, reported and indexed once per process: a command builds
+    its task source more than once), or the user's `task.search_backend` function."""
     from reinforge.envs.corpus import FunctionBackend, load_corpus
     from reinforge.envs.search_env import BM25Backend
     from reinforge.metrics import console
@@ -152,9 +157,12 @@ def search_backend(cfg):
     if cfg.search_backend is not None:
         fn = load_callable(cfg.search_backend, setting="task.search_backend")
         return FunctionBackend(fn, cfg.search_backend)
-    documents, report = load_corpus(cfg.corpus, cfg.on_bad_row)
-    console.print(f"corpus: {report.summary()}", markup=False)
-    return BM25Backend(documents)
+    key = (str(Path(cfg.corpus).expanduser().resolve()), cfg.on_bad_row)
+    if key not in _CORPORA:
+        documents, report = load_corpus(cfg.corpus, cfg.on_bad_row)
+        console.print(f"corpus: {report.summary()}", markup=False)
+        _CORPORA[key] = BM25Backend(documents)
+    return _CORPORA[key]
 
 
 def python_tool(s) -> Callable[..., Any]:
