@@ -64,7 +64,10 @@ def _section_table(model: type[BaseModel], where: str) -> list[str]:
     """The section's table, then one for each table nested in it (e.g. `[model.lora]`)."""
     lines = ["| key | type | default | bounds | description |", "|---|---|---|---|---|"]
     nested = []
-    for name, field in model.model_fields.items():
+    # a variant's `name` first, though a shared base section (config_data.DatasetRowsSection)
+    # puts its own fields before it
+    fields = sorted(model.model_fields.items(), key=lambda item: item[0] != "name")
+    for name, field in fields:
         doc = " ".join((field.description or "").split()).replace("|", "\\|")
         assert doc, f"{model.__name__}.{name} has no docstring"
         if _is_table(field.annotation):
