@@ -228,3 +228,12 @@ def test_a_tiny_train_run_with_a_tools_task_through_the_cli(user_files):
     steps = [r for r in rows if r.get("phase") == "rl" and "tool_call_rate" in r]
     assert len(steps) == 1 and "reward_env" in steps[0]
     assert any("eval_reward" in r for r in rows)
+
+
+def test_the_shipped_example_config_passes_the_preflight():
+    """configs/tools_search.toml as shipped: its rows, corpus, recorded demonstrations and
+    budgets check out (`--dry-run`: nothing trains)."""
+    out = cli("train", "configs/tools_search.toml", "--dry-run")
+    assert out.returncode == ExitCode.OK, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "160 documents, 0 bad rows" in out.stdout
+    assert "128 training tasks, 32 held-out" in out.stdout
