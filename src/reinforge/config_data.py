@@ -36,10 +36,21 @@ class DatasetColumnsSection(Section):
     data_source (verl); rows without one take task.data_source."""
 
 
-class DataRowsSection(Section):
-    """Where a task's rows come from and how they are read: the settings `[task] name =
-    "dataset"` and the env tasks that read rows from files (`name = "env"`) share."""
+class SplitValuesSection(Section):
+    train: list[str] = ["train"]
+    """Values of task.split_column that mark a training row."""
+    eval: list[str] = ["test", "validation", "val", "valid", "dev", "eval"]
+    """Values of task.split_column that mark a held-out row."""
 
+
+class DatasetRowsSection(Section):
+    """Where a task's rows come from, and how they are read and split: the settings of
+    `name = "dataset"`, shared by the env tasks that play the user's rows (`name = "tools"`)."""
+
+    path: str | list[str] = Field(min_length=1)
+    """A .jsonl/.json/.parquet/.csv/.tsv file, a folder (a saved HF dataset, or data files), an
+    HF hub name (when online), a generator "module:function" or "path/to/file.py:function", or
+    a list of these trained on together. Relative paths are from the working directory."""
     format: Literal["auto", "jsonl", "json", "parquet", "csv", "hf", "procedural"] = "auto"
     """How to read `path`: auto decides from the suffix, the folder, or the colon of a
     generator; "json" is one JSON array, "jsonl" one record per line."""
@@ -58,8 +69,14 @@ class DataRowsSection(Section):
     """A held-out split of the same HF dataset, e.g. "test"."""
     eval_fraction: float = Field(0.0, ge=0.0, lt=1.0)
     """Hold out this fraction of the rows (drawn by task.seed) for evaluation; training rows whose
-    prompt equals a held-out one are dropped too. With no eval_path, eval_split or eval_fraction
-    there are no held-out tasks and evaluation during training is off."""
+    prompt equals a held-out one are dropped too. With no eval_path, eval_split, eval_fraction
+    or split_column there are no held-out tasks and evaluation during training is off."""
+    split_column: str | None = None
+    """A column naming each row's split, as verl keeps it: "extra_info.split" (a dotted name
+    reaches into a record). Rows whose value is in split_values.train train, those in
+    split_values.eval are held out, others are left out and counted."""
+    split_values: SplitValuesSection = SplitValuesSection()
+    """Which values of split_column mean training and held-out rows."""
     max_rows: int | None = Field(None, ge=1)
     """Read at most this many rows (required for an endless generator)."""
     seed: int = Field(0, ge=0)
@@ -70,14 +87,35 @@ class DataRowsSection(Section):
     """A bad row (missing or mistyped field, empty prompt, prompt over max_prompt_tokens) is
     skipped and reported with its row number, or, with "error", the run fails before loading the
     model, after listing every bad row."""
-    max_prompt_tokens: int | None = Field(None, ge=1)
-    """Rows whose chat-rendered prompt has more tokens are bad rows (never truncated). Unset:
-    every row is kept, and the preflight fails if the longest prompt it probes does not fit the
-    context with the generation budget."""
     require_answer: bool | None = None
     """Rows must have a ground-truth answer. Default: yes for `reinforge train` and
     `reinforge eval` (their rewards check it), no for `reinforge sft` (held-out accuracy is then
     scored only where the rows have answers and a known reward)."""
+    reward: str = "auto"
+    """Reward of every row: "math", "exact_match", "format", or your own `(completion, task) ->
+    float` as "module:function" / "path/to/file.py:function". "auto" picks one per data_source:
+    task.reward_by_source, then verl's source names (openai/gsm8k, MATH, aime*, ...), then the
+    row's `ability` ("math")."""
+    reward_by_source: dict[str, str] = {}
+    """Reward per data_source when reward = "auto", e.g. {my_quiz = "exact_match"}."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _has_path(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("path"):
+            name = data.get("name", "dataset")
+            raise ValueError(
+                f'task.path is required with task.name = "{name}": the data to read, e.g. '
+                'task.path = "train.jsonl" (or .parquet, .csv, a folder, or a list of these)'
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> DatasetTaskConfig:
+        from reinforge.data.spec import check_spec
+
+        check_spec(self.to_spec())  # a ConfigError naming the setting to change
+        return self
 
     def to_spec(self, require_answer: bool = True, require_solution: bool = False):
         """The loader's `DatasetSpec`; `require_*` are what the command needs of each row
@@ -94,47 +132,26 @@ class DataRowsSection(Section):
             eval_path=self.eval_path,
             eval_split=self.eval_split,
             eval_fraction=self.eval_fraction,
+            split_column=self.split_column,
+            split_train=tuple(self.split_values.train),
+            split_eval=tuple(self.split_values.eval),
             max_rows=self.max_rows,
             seed=self.seed,
             shuffle=self.shuffle,
             on_bad_row=self.on_bad_row,
-            max_prompt_tokens=self.max_prompt_tokens,
+            max_prompt_tokens=getattr(self, "max_prompt_tokens", None),
             require_answer=require_answer if self.require_answer is None else self.require_answer,
             require_solution=require_solution,
-            reward=getattr(self, "reward", "auto"),
-            reward_by_source=dict(getattr(self, "reward_by_source", {})),
+            reward=self.reward,
+            reward_by_source=dict(self.reward_by_source),
         )
 
 
-class DatasetTaskConfig(ScoredTask, DataRowsSection):
+class DatasetTaskConfig(ScoredTask, DatasetRowsSection):
     name: Literal["dataset"] = "dataset"
     """Tasks from your data: JSONL, JSON, parquet, CSV/TSV, an HF dataset or a Python generator,
     in verl's, TRL's or plain prompt/answer columns."""
-    path: str | list[str] = Field(min_length=1)
-    """A .jsonl/.json/.parquet/.csv/.tsv file, a folder (a saved HF dataset, or data files), an
-    HF hub name (when online), a generator "module:function" or "path/to/file.py:function", or
-    a list of these trained on together. Relative paths are from the working directory."""
-    reward: str = "auto"
-    """Reward of every row: "math", "exact_match", "format", or your own `(completion, task) ->
-    float` as "module:function" / "path/to/file.py:function". "auto" picks one per data_source:
-    task.reward_by_source, then verl's source names (openai/gsm8k, MATH, aime*, ...), then the
-    row's `ability` ("math")."""
-    reward_by_source: dict[str, str] = {}
-    """Reward per data_source when reward = "auto", e.g. {my_quiz = "exact_match"}."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _has_path(cls, data: Any) -> Any:
-        if isinstance(data, dict) and not data.get("path"):
-            raise ValueError(
-                'task.path is required with task.name = "dataset": the data to read, e.g. '
-                'task.path = "train.jsonl" (or .parquet, .csv, a folder, or a list of these)'
-            )
-        return data
-
-    @model_validator(mode="after")
-    def _consistent(self) -> DatasetTaskConfig:
-        from reinforge.data.spec import check_spec
-
-        check_spec(self.to_spec())  # a ConfigError naming the setting to change
-        return self
+    max_prompt_tokens: int | None = Field(None, ge=1)
+    """Rows whose chat-rendered prompt has more tokens are bad rows (never truncated). Unset:
+    every row is kept, and the preflight fails if the longest prompt it probes does not fit the
+    context with the generation budget."""

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from reinforge.config_base import Section
-from reinforge.config_data import DataRowsSection
+from reinforge.config_data import DatasetRowsSection
 from reinforge.config_rewards import ScoredTask
 
 ParserName = Literal["hermes", "llama3_json", "mistral"]
@@ -214,7 +214,70 @@ class GameTaskConfig(EnvTaskConfig):
         return self
 
 
-class UserEnvTaskConfig(EnvTaskConfig, DataRowsSection):
+BUILTIN_TOOLS = ("python", "search", "open")
+
+
+class ToolsTaskConfig(EnvTaskConfig, DatasetRowsSection):
+    name: Literal["tools"] = "tools"
+    """Your questions (rows from `path`, read as with name = "dataset"), answered through your
+    tools and built-in ones in one episode; the answer is scored against the row's answer by
+    the reward of its data_source (task.reward), plus task.rewards' other components."""
+    tools: list[str] = Field(min_length=1)
+    """The tools offered: your typed, documented Python functions, "path/to/file.py:function"
+    or "package.module:function" (the signature and docstring become the schema), and the
+    built-ins "python" (code in the sandbox of task.sandbox), "search" (the best hits for a
+    query in task.corpus or from task.search_backend) and "open" (a hit's full text)."""
+    corpus: str | None = None
+    """The documents `search` looks through (BM25): a .jsonl / .json / .parquet / .csv file of
+    rows with text (and optionally id and title), or a folder of .txt / .md files, one document
+    each. Bad rows are reported with their row numbers, skipped or fatal as task.on_bad_row
+    says."""
+    search_backend: str | None = None
+    """Instead of a corpus, your own search function, "path/to/file.py:function" or
+    "package.module:function" taking (query: str, k: int) and returning a list of hits, each a
+    text or a dict with text, title and id (a web search, a company index)."""
+    system_prompt: str | None = None
+    """A system message opening every episode (before the row's own, if it has one): how to
+    use the tools and how to answer. Templates without tool support need it to name them."""
+    parser: ParserName = "hermes"
+    """Tool-call format of the model (see tool_arithmetic)."""
+    max_calls_per_turn: int = Field(4, ge=1, le=1000)
+    """Tool calls run per assistant message; further ones are answered with an error."""
+    max_tool_output_chars: int = Field(2000, ge=1)
+    """A tool reply longer than this is cut, with a note saying so."""
+    sandbox: SandboxSection = SandboxSection()
+    """The code sandbox of the "python" tool."""
+
+    @model_validator(mode="after")
+    def _tools_resolvable(self) -> ToolsTaskConfig:
+        for i, ref in enumerate(self.tools):
+            if ref not in BUILTIN_TOOLS and ":" not in ref:
+                raise ValueError(
+                    f"tools[{i}] = {ref!r} is neither a built-in tool ({', '.join(BUILTIN_TOOLS)}) "
+                    'nor a function: write "path/to/file.py:function" or "package.module:function"'
+                )
+        if len(set(self.tools)) < len(self.tools):
+            raise ValueError(f"tools = {self.tools} lists a tool twice; list each once")
+        searches = {"search", "open"} & set(self.tools)
+        if self.corpus is not None and self.search_backend is not None:
+            raise ValueError(
+                "corpus and search_backend both say what `search` looks through; set only one"
+            )
+        if searches and self.corpus is None and self.search_backend is None:
+            raise ValueError(
+                f"tools has {sorted(searches)}, which need documents: set corpus "
+                '(e.g. corpus = "docs.jsonl", rows of {id, title, text}, or a folder of .txt '
+                'files) or search_backend = "my_search.py:search"'
+            )
+        if not searches and (self.corpus or self.search_backend):
+            raise ValueError(
+                'corpus / search_backend is set but tools has no "search": add "search" '
+                "to tools, or drop the setting"
+            )
+        return self
+
+
+class UserEnvTaskConfig(EnvTaskConfig, DatasetRowsSection):
     name: Literal["env"] = "env"
     """Your own environment: a factory that returns an object speaking the Env protocol
     (`reset(task) -> EnvState`, `step(state, assistant) -> StepResult`; docs/environments.md),
@@ -229,8 +292,19 @@ class UserEnvTaskConfig(EnvTaskConfig, DataRowsSection):
     generators; `columns.*`, splits and bad rows alike; rows need no answer: the env scores).
     Unset: a generator `rows(seed)` in the factory's own file or module."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _has_path(cls, data: Any) -> Any:  # rows may come from the env's file: no path needed
+        return data
+
     @model_validator(mode="after")
-    def _rows_readable(self) -> UserEnvTaskConfig:
+    def _consistent(self) -> UserEnvTaskConfig:
+        if self.reward != "auto" or self.reward_by_source:
+            raise ValueError(
+                'task.reward and task.reward_by_source do not apply with name = "env": the env '
+                'scores its episodes ("env"); weigh other rewards in task.rewards, e.g. '
+                'rewards = [{name = "env"}, {name = "math", weight = 0.5}]'
+            )
         if self.path is not None:
             from reinforge.data.spec import check_spec
 
@@ -255,6 +329,7 @@ ENV_TASK_CONFIGS = (
     HtmlTaskConfig,
     SearchTaskConfig,
     GameTaskConfig,
+    ToolsTaskConfig,
     UserEnvTaskConfig,
 )
 

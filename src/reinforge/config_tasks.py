@@ -17,6 +17,7 @@ from reinforge.config_envs import (
     HtmlTaskConfig,
     SearchTaskConfig,
     ToolArithmeticTaskConfig,
+    ToolsTaskConfig,
     UserEnvTaskConfig,
 )
 from reinforge.config_rewards import ScoredTask
@@ -92,6 +93,7 @@ TaskConfig = Annotated[
     | HtmlTaskConfig
     | SearchTaskConfig
     | GameTaskConfig
+    | ToolsTaskConfig
     | UserEnvTaskConfig,
     Field(discriminator="name"),
 ]

@@ -11,12 +11,40 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class ToolCallRecord:
+    """A tool call of a recorded assistant message (OpenAI format): the function's name, its
+    arguments as a dict, and the call's id when the data gives one."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str | None = None
+
+
+@dataclass(frozen=True)
 class Message:
     role: str
     content: str
+    # Recorded conversations only (SFT data in the OpenAI format): an assistant message's tool
+    # calls, and the id of the call a tool message answers. Generated turns keep their calls in
+    # `content`, as the model wrote them.
+    tool_calls: tuple[ToolCallRecord, ...] = ()
+    tool_call_id: str | None = None
 
-    def to_dict(self) -> dict[str, str]:
-        return {"role": self.role, "content": self.content}
+    def to_dict(self) -> dict[str, Any]:
+        """The chat template's message (HF's format: tool-call arguments as a dict)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "type": "function",
+                    **({"id": c.id} if c.id is not None else {}),
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 @dataclass(frozen=True)

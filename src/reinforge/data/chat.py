@@ -63,17 +63,18 @@ def eos_ids(tokenizer) -> list[int]:
 
 
 def chat_example(
-    tokenizer, messages: Sequence[Message], end_of_turn_ids: Collection[int]
+    tokenizer, messages: Sequence[Message], end_of_turn_ids: Collection[int], tools=None
 ) -> ChatExample:
-    """`messages` rendered by the tokenizer's chat template, with a loss mask on every
-    assistant turn (its text and its end-of-turn token)."""
+    """`messages` rendered by the tokenizer's chat template (with the tool schemas `tools`,
+    and an assistant message's recorded `tool_calls` as the template writes them), with a loss
+    mask on every assistant turn (its text, its tool calls and its end-of-turn token)."""
     turns = [i for i, m in enumerate(messages) if m.role == "assistant"]
     assert turns and turns[0] > 0, "an SFT conversation needs a prompt and an assistant turn"
-    full = render_ids(tokenizer, messages, add_generation_prompt=False)
+    full = render_ids(tokenizer, messages, add_generation_prompt=False, tools=tools)
     spans = []
     for i in turns:
-        start = len(_prefix_of(full, tokenizer, messages, i, add_generation_prompt=True))
-        end = len(_prefix_of(full, tokenizer, messages, i + 1, add_generation_prompt=False))
+        start = len(_prefix_of(full, tokenizer, messages, i, True, tools))
+        end = len(_prefix_of(full, tokenizer, messages, i + 1, False, tools))
         assert end > start, f"the template renders assistant turn {i} as no tokens"
         cut = next(
             (k + 1 for k, t in enumerate(full[start:end]) if t in end_of_turn_ids), end - start
@@ -87,10 +88,15 @@ def chat_example(
 
 
 def _prefix_of(
-    full: list[int], tokenizer, messages: Sequence[Message], count: int, add_generation_prompt: bool
+    full: list[int],
+    tokenizer,
+    messages: Sequence[Message],
+    count: int,
+    add_generation_prompt: bool,
+    tools=None,
 ) -> list[int]:
     """The render of `messages[:count]`, checked to be where `full` starts."""
-    ids = render_ids(tokenizer, messages[:count], add_generation_prompt)
+    ids = render_ids(tokenizer, messages[:count], add_generation_prompt, tools)
     if full[: len(ids)] != ids:
         at = next(
             (k for k, (a, b) in enumerate(zip(full, ids)) if a != b), min(len(full), len(ids))

@@ -20,6 +20,7 @@ class LoadReport:
     bad_rows: dict[str, list[int]] = field(default_factory=dict)  # reason -> first row numbers
     first_detail: dict[str, str] = field(default_factory=dict)  # reason -> its first row's detail
     max_listed: int = 10  # row numbers kept per reason
+    loaded_unit: str = "tasks"  # what a kept row became ("documents" for a search corpus)
 
     def add_bad(self, reason: str, row: int, detail: str = "") -> None:
         self.num_bad[reason] = self.num_bad.get(reason, 0) + 1
@@ -36,7 +37,8 @@ class LoadReport:
     def summary(self) -> str:
         head = (
             f"{self.source} ({self.format}, split {self.split!r}, schema {self.schema or '?'}): "
-            f"{self.num_rows} rows read, {self.num_loaded} tasks, {self.num_skipped} bad rows"
+            f"{self.num_rows} rows read, {self.num_loaded} {self.loaded_unit}, "
+            f"{self.num_skipped} bad rows"
         )
         lines = [head]
         for reason, count in sorted(self.num_bad.items(), key=lambda kv: -kv[1]):

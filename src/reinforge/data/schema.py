@@ -23,7 +23,7 @@ from typing import Any
 
 from reinforge.data.spec import SETTING, ColumnMap
 from reinforge.errors import ConfigError
-from reinforge.types import Message, Task
+from reinforge.types import Message, Task, ToolCallRecord
 
 AUTO_COLUMNS: dict[str, tuple[str, ...]] = {
     "prompt": ("prompt", "question", "problem"),
@@ -33,7 +33,7 @@ AUTO_COLUMNS: dict[str, tuple[str, ...]] = {
     "data_source": ("data_source",),
 }
 _ROLES = {"human": "user", "gpt": "assistant"}  # ShareGPT's `from` names
-_MISSING = object()
+MISSING = object()
 
 
 class BadRow(Exception):
@@ -60,13 +60,13 @@ class Columns:
 
 def lookup(record: dict[str, Any], column: str) -> Any:
     """The value at `column` (a literal key first, then a dotted path into nested records), or
-    `_MISSING`."""
+    `MISSING`."""
     if column in record:
         return record[column]
     value: Any = record
     for part in column.split("."):
         if not isinstance(value, dict) or part not in value:
-            return _MISSING
+            return MISSING
         value = value[part]
     return value
 
@@ -84,13 +84,13 @@ def resolve_columns(
     def pick(role: str) -> str | None:
         explicit = getattr(columns, role)
         if explicit is not None:
-            if lookup(record, explicit) is _MISSING:
+            if lookup(record, explicit) is MISSING:
                 raise ConfigError(
                     f"{SETTING}.columns.{role} = {explicit!r}, but the first row of {where} has "
                     f"no such column; its columns are {sorted(record)}"
                 )
             return explicit
-        return next((c for c in AUTO_COLUMNS[role] if lookup(record, c) is not _MISSING), None)
+        return next((c for c in AUTO_COLUMNS[role] if lookup(record, c) is not MISSING), None)
 
     prompt = pick("prompt") if columns.messages is None else None
     messages = pick("messages") if prompt is None else None
@@ -132,13 +132,13 @@ def record_to_task(
     solution = None
     if cols.prompt is not None:
         value = lookup(record, cols.prompt)
-        if value is _MISSING or value is None:
+        if value is MISSING or value is None:
             raise BadRow("missing prompt", f"no value in column {cols.prompt!r}")
         prompt = as_prompt(value, cols.prompt)
     else:
         assert cols.messages is not None
         value = lookup(record, cols.messages)
-        if value is _MISSING or value is None:
+        if value is MISSING or value is None:
             raise BadRow("missing prompt", f"no value in column {cols.messages!r}")
         prompt = as_messages(value, cols.messages)
         if prompt and prompt[-1].role == "assistant":
@@ -147,10 +147,10 @@ def record_to_task(
     if cols.solution is not None:
         solution = as_solution(lookup(record, cols.solution), cols.solution)
     answer, ground_truth = as_answer(
-        lookup(record, cols.answer) if cols.answer else _MISSING, cols.answer
+        lookup(record, cols.answer) if cols.answer else MISSING, cols.answer
     )
     data_source = lookup(record, cols.data_source) if cols.data_source else None
-    if data_source is _MISSING or data_source is None:
+    if data_source is MISSING or data_source is None:
         data_source = default_source
     elif not isinstance(data_source, str):
         raise BadRow("data_source has wrong type", f"a {type(data_source).__name__}")
@@ -192,9 +192,44 @@ def _as_message(value: Any, where: str) -> Message:
         if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
             raise BadRow("bad message", f"{where} has non-text content parts")
         content = "".join(p.get("text", "") for p in content)
+    calls = value.get("tool_calls") or ()
+    if content is None and calls:  # OpenAI: an assistant message of tool calls alone
+        content = ""
     if not isinstance(role, str) or not isinstance(content, str):
         raise BadRow("bad message", f"{where} needs a text role and content, got {value!r:.80}")
-    return Message(_ROLES.get(role, role), content)
+    call_id = value.get("tool_call_id")
+    return Message(
+        _ROLES.get(role, role),
+        content,
+        tool_calls=as_tool_calls(calls, f"{where}.tool_calls"),
+        tool_call_id=None if call_id is None else str(call_id),
+    )
+
+
+def as_tool_calls(value: Any, where: str) -> tuple[ToolCallRecord, ...]:
+    """OpenAI tool calls (`{"id", "type": "function", "function": {"name", "arguments"}}`, the
+    arguments a JSON text or an object) as records with the arguments parsed."""
+    if not isinstance(value, (list, tuple)):
+        raise BadRow("bad tool call", f"{where} is a {type(value).__name__}, not a list")
+    calls = []
+    for i, call in enumerate(value):
+        function = call.get("function", call) if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(name, str) or not name:
+            raise BadRow("bad tool call", f"{where}[{i}] has no function name: {call!r:.80}")
+        arguments = function.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except json.JSONDecodeError as e:
+                raise BadRow(
+                    "bad tool call", f"{where}[{i}] arguments are not valid JSON ({e.msg})"
+                ) from None
+        if not isinstance(arguments, dict):
+            raise BadRow("bad tool call", f"{where}[{i}] arguments are not a JSON object")
+        call_id = call.get("id")
+        calls.append(ToolCallRecord(name, arguments, None if call_id is None else str(call_id)))
+    return tuple(calls)
 
 
 def check_prompt(prompt: tuple[Message, ...]) -> None:
@@ -203,7 +238,7 @@ def check_prompt(prompt: tuple[Message, ...]) -> None:
 
 
 def as_solution(value: Any, column: str) -> str | None:
-    if value is _MISSING or value is None:
+    if value is MISSING or value is None:
         return None
     if isinstance(value, str):
         return value
@@ -218,7 +253,7 @@ def as_answer(value: Any, column: str | None) -> tuple[str, Any]:
     kept for custom rewards and serialized to JSON in the text)."""
     if column is None:
         return "", None
-    if value is _MISSING or value is None:
+    if value is MISSING or value is None:
         raise BadRow("missing answer", f"no value in column {column!r}")
     if isinstance(value, bool):
         raise BadRow("answer has wrong type", f"{column!r} is a bool")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,13 +21,22 @@ from pathlib import Path
 from reinforge.data.formats import ROW_UNITS, BadRecord, detect_format, read_records
 from reinforge.data.report import LoadReport
 from reinforge.data.rewards import RewardRouter, known_rewards, resolve_rewards
-from reinforge.data.schema import BadRow, Columns, check_prompt, record_to_task, resolve_columns
+from reinforge.data.schema import (
+    MISSING,
+    BadRow,
+    Columns,
+    check_prompt,
+    lookup,
+    record_to_task,
+    resolve_columns,
+)
 from reinforge.data.spec import SETTING, DatasetSpec, check_spec
 from reinforge.errors import ConfigError
 from reinforge.types import Task
 
 log = logging.getLogger(__name__)
 _TOKENIZE_CHUNK = 512
+SPLIT_KEY = "split"  # task.info key of a row's split_column value
 
 
 @dataclass
@@ -39,6 +49,7 @@ class DatasetTasks:
     shuffle: bool = True
     reports: list[LoadReport] = field(default_factory=list)  # train first, then a separate eval
     num_train_dropped: int = 0  # training rows equal to a held-out prompt
+    num_other_split: dict[str, int] = field(default_factory=dict)  # split_column value -> rows
 
     def __post_init__(self):
         assert self.train, "a task source needs training tasks"
@@ -77,8 +88,10 @@ def load_dataset_tasks(spec: DatasetSpec, tokenizer=None) -> DatasetTasks:
             f"{SETTING}.max_prompt_tokens needs a tokenizer to count with; pass the model's"
         )
     train, reports = _load_each(spec, spec.paths, spec.split, "train", tokenizer)
-    dropped = 0
-    if spec.eval_path is not None:
+    dropped, others = 0, {}
+    if spec.split_column is not None:
+        train, held_out, others = split_by_column(train, spec, reports)
+    elif spec.eval_path is not None:
         # one training dataset: its held-out file's rows share its name (and so its reward)
         name = default_name(spec.paths[0]) if len(spec.paths) == 1 else None
         held_out, eval_reports = _load_each(
@@ -109,7 +122,33 @@ def load_dataset_tasks(spec: DatasetSpec, tokenizer=None) -> DatasetTasks:
         shuffle=spec.shuffle,
         reports=reports,
         num_train_dropped=dropped,
+        num_other_split=others,
     )
+
+
+def split_by_column(
+    tasks: list[Task], spec: DatasetSpec, reports: Sequence[LoadReport]
+) -> tuple[list[Task], list[Task], dict[str, int]]:
+    """(training tasks, held-out tasks, row counts of the other values) by `spec.split_column`;
+    an error listing the values found when either side would be empty."""
+    found = Counter(t.info[SPLIT_KEY] for t in tasks)
+    train = [t for t in tasks if t.info[SPLIT_KEY] in spec.split_train]
+    held_out = [t for t in tasks if t.info[SPLIT_KEY] in spec.split_eval]
+    for role, side, values in (
+        ("train", train, spec.split_train),
+        ("eval", held_out, spec.split_eval),
+    ):
+        if not side:
+            counts = ", ".join(f"{v!r}: {n}" for v, n in found.most_common(20))
+            example = next((v for v in found if v not in spec.split_train + spec.split_eval), "")
+            raise ConfigError(
+                f"no {role} rows in {', '.join(r.source for r in reports)}: "
+                f"{SETTING}.split_column = {spec.split_column!r} holds {counts}, none of "
+                f"{SETTING}.split_values.{role} = {list(values)}; set {SETTING}.split_values."
+                f'{role} = ["{example or "..."}"] (the values that mark {role} rows)'
+            )
+    known = set(spec.split_train) | set(spec.split_eval)
+    return train, held_out, {v: n for v, n in found.items() if v not in known}
 
 
 def _load_each(
@@ -153,6 +192,8 @@ def load_tasks(
                 check_prompt(record.messages)
                 report.schema = "tasks"
                 info = {"data_source": name, **record.info, "row": row}
+                if spec.split_column is not None:
+                    info[SPLIT_KEY] = split_value(record.info, spec.split_column)
                 tasks.append(dataclasses.replace(record, info=info))
                 continue
             if cols is None:
@@ -160,7 +201,10 @@ def load_tasks(
                     record, spec.columns, spec.require_answer, path, spec.require_solution
                 )
                 report.schema, report.columns = cols.schema, cols.as_dict()
+            split = split_value(record, spec.split_column) if spec.split_column else None
             tasks.append(record_to_task(record, cols, f"{role}-{row}", row, name))
+            if split is not None:
+                tasks[-1].info[SPLIT_KEY] = split
             if spec.require_solution and tasks[-1].solution is None:
                 tasks.pop()
                 raise BadRow("missing solution", "no reference response to train on")
@@ -171,6 +215,14 @@ def load_tasks(
     report.num_loaded = len(tasks)
     _settle(report, spec)
     return tasks, report
+
+
+def split_value(record: dict, column: str) -> str:
+    """The row's value in the split column, as text; a bad row when it has none."""
+    value = lookup(record, column)
+    if value is MISSING or value is None or value == "":
+        raise BadRow("missing split", f"no value in {SETTING}.split_column {column!r}")
+    return str(value)
 
 
 def _settle(report: LoadReport, spec: DatasetSpec) -> None:

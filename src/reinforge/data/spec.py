@@ -64,6 +64,12 @@ class DatasetSpec:
     """A separate split of the same HF dataset for evaluation, e.g. "test"."""
     eval_fraction: float = 0.0
     """Hold out this fraction of the rows (drawn by `seed`) for evaluation."""
+    split_column: str | None = None
+    """A column (dotted names reach into records: verl's "extra_info.split") naming each row's
+    split: rows valued in `split_train` train, those in `split_eval` are held out, the rest are
+    left out (counted in `DatasetTasks.num_other_split`)."""
+    split_train: tuple[str, ...] = ("train",)
+    split_eval: tuple[str, ...] = ("test", "validation", "val", "valid", "dev", "eval")
     max_eval: int | None = None
     """At most this many evaluation tasks (the first ones)."""
     max_rows: int | None = None
@@ -137,6 +143,7 @@ def check_spec(spec: DatasetSpec) -> None:
             ("eval_path", spec.eval_path is not None),
             ("eval_split", spec.eval_split is not None),
             ("eval_fraction", spec.eval_fraction > 0),
+            ("split_column", spec.split_column is not None),
         )
         if is_set
     ]
@@ -151,7 +158,27 @@ def check_spec(spec: DatasetSpec) -> None:
             f"{s}.eval_split = {spec.eval_split!r} is the training split; evaluating on training "
             f'data measures nothing; use another split (e.g. "test") or {s}.eval_fraction'
         )
+    if spec.split_column is not None:
+        _check_split_values(spec)
     for name in ("max_eval", "max_rows", "max_prompt_tokens"):
         value = getattr(spec, name)
         if value is not None and value < 1:
             raise ConfigError(f"{s}.{name} = {value} must be at least 1 (or unset)")
+
+
+def _check_split_values(spec: DatasetSpec) -> None:
+    s = SETTING
+    if not spec.split_column.strip():
+        raise ConfigError(f'{s}.split_column is empty; name a column, e.g. "extra_info.split"')
+    for role, values in (("train", spec.split_train), ("eval", spec.split_eval)):
+        if not values:
+            raise ConfigError(
+                f"{s}.split_values.{role} is empty; list the values of {s}.split_column that "
+                f'mark {role} rows, e.g. ["{"train" if role == "train" else "test"}"]'
+            )
+    both = sorted(set(spec.split_train) & set(spec.split_eval))
+    if both:
+        raise ConfigError(
+            f"{s}.split_values.train and {s}.split_values.eval both hold {both}; a row is either "
+            "trained on or held out: remove them from one list"
+        )

@@ -85,7 +85,7 @@ class BM25Backend:
         k = min(k, len(self.documents))
         indices, scores = self._index.retrieve(self._tokenize([query]), k=k, show_progress=False)
         return [
-            Hit(doc.doc_id, doc.title, _snippet(doc.text), float(score))
+            Hit(doc.doc_id, doc.title, snippet(doc.text), float(score))
             for index, score in zip(indices[0], scores[0])
             if score > 0
             for doc in (self.documents[int(index)],)
@@ -96,7 +96,7 @@ class BM25Backend:
         return f"{doc.title}\n\n{doc.text}"
 
 
-def _snippet(text: str) -> str:
+def snippet(text: str) -> str:
     if len(text) <= SNIPPET_CHARS:
         return text
     return text[:SNIPPET_CHARS].rsplit(" ", 1)[0] + " ..."

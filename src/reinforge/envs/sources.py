@@ -12,6 +12,7 @@ from dataclasses import fields
 from typing import Any
 
 from reinforge.envs.env_tasks import EnvTasks, EpisodeScorer, env_tasks_of
+from reinforge.envs.tools_task import build_tools_task, python_tool
 
 # ----------------------------------------------------------------------------------- builders
 
@@ -25,7 +26,7 @@ def build_tool_arithmetic(cfg) -> EnvTasks:
     )
 
     tasks = ToolArithmeticTasks(cfg)
-    tool = calculator if cfg.tool == "calculator" else python_with_values(_python_tool(cfg.sandbox))
+    tool = calculator if cfg.tool == "calculator" else python_with_values(python_tool(cfg.sandbox))
     env = ArithmeticToolEnv(
         [tool],
         tasks.reward,
@@ -43,12 +44,6 @@ def _tool_counters() -> tuple[str, ...]:
     from reinforge.envs.tool_env import ToolCounters
 
     return tuple(f.name for f in fields(ToolCounters))
-
-
-def _python_tool(s) -> Callable[..., Any]:
-    from reinforge.envs.sandbox import make_python_tool, sandbox_from_config
-
-    return make_python_tool(sandbox_from_config(s))
 
 
 def build_html(cfg) -> EnvTasks:
@@ -107,4 +102,5 @@ ENV_TASKS: dict[str, Callable[[Any], EnvTasks]] = {
     "search": build_search,
     "game": build_game,
     "env": build_user_env,
+    "tools": build_tools_task,
 }

@@ -15,10 +15,14 @@ episode's), and `state.info["counters"]` the running totals as a `ToolCounters`.
 
 Tokenization stays above this layer: the chat template renders `env.tool_schemas` (the
 `tools=` argument of `apply_chat_template`) and the messages; this env only sees text.
+`write_calls(content, calls)` is the other direction: recorded tool calls (SFT data in the
+OpenAI format) written as the text a model in this env's format writes, which its parser reads
+back.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,7 +31,7 @@ from reinforge.envs.base import EnvState, StepResult
 from reinforge.envs.parsers import ParseError, ToolCall, get_parser
 from reinforge.envs.tools import call_tool, make_tools
 from reinforge.errors import ConfigError
-from reinforge.types import Message, Task
+from reinforge.types import Message, Task, ToolCallRecord
 
 
 @dataclass
@@ -75,6 +79,7 @@ class ToolEnv:
                 raise ConfigError(f"tool env {key}={value} must be >= 1; {works} works")
         self.tools = make_tools(tools)
         self.parse = get_parser(parser)
+        self.parser_name = parser
         self.reward_fn = reward_fn
         self.system_prompt = system_prompt
         self.max_turns = max_turns
@@ -85,6 +90,12 @@ class ToolEnv:
     def tool_schemas(self) -> list[dict[str, Any]]:
         """The OpenAI tool schemas, for the chat template's `tools=` argument."""
         return [tool.schema for tool in self.tools.values()]
+
+    def write_calls(self, content: str, calls: Sequence[ToolCallRecord]) -> str:
+        """An assistant message's text with `calls` in this env's tool-call format."""
+        if not calls:
+            return content
+        return _WRITERS[self.parser_name](content, calls)
 
     def reset(self, task: Task) -> EnvState:
         messages = list(task.messages)
@@ -136,6 +147,33 @@ class ToolEnv:
         return StepResult(
             messages=[], done=True, rewards={"reward": reward}, metrics=_as_metrics(step)
         )
+
+
+def _write_hermes(content: str, calls: Sequence[ToolCallRecord]) -> str:
+    # Qwen2.5's template writes calls this way: the text, then each call on its own lines
+    blocks = [
+        f"<tool_call>\n{json.dumps({'name': c.name, 'arguments': c.arguments})}\n</tool_call>"
+        for c in calls
+    ]
+    return "\n".join([content, *blocks] if content else blocks)
+
+
+def _write_llama3_json(content: str, calls: Sequence[ToolCallRecord]) -> str:
+    # a message of calls only, as Llama 3.1's template writes them (it drops the text too)
+    return "; ".join(json.dumps({"name": c.name, "parameters": c.arguments}) for c in calls)
+
+
+def _write_mistral(content: str, calls: Sequence[ToolCallRecord]) -> str:
+    array = [{"name": c.name, "arguments": c.arguments} for c in calls]
+    return f"{content}[TOOL_CALLS]{json.dumps(array)}"
+
+
+_WRITERS = {
+    "hermes": _write_hermes,
+    "qwen": _write_hermes,
+    "llama3_json": _write_llama3_json,
+    "mistral": _write_mistral,
+}
 
 
 def _add(total: ToolCounters, step: ToolCounters) -> None:

@@ -47,6 +47,9 @@ def print_load_report(source: DatasetTasks, scored_by: str | None = None) -> Non
         split += (
             f" ({source.num_train_dropped} training rows dropped: same prompt as a held-out one)"
         )
+    if source.num_other_split:
+        others = ", ".join(f"{v!r}: {n}" for v, n in sorted(source.num_other_split.items()))
+        split += f"; left out by task.split_column (neither train nor eval): {others}"
     rewards = (
         f"scored by {scored_by}"
         if scored_by is not None
