@@ -10,15 +10,13 @@ import json
 import pytest
 
 from reinforge.config import TrainConfig, load_config
-from reinforge.data.chat import chat_example
+from reinforge.data.chat import chat_example, eos_ids
 from reinforge.envs.parsers import ToolCall
 from reinforge.errors import ConfigError
 from reinforge.tasks import build_task_source
-from reinforge.train.common import eos_ids
 from reinforge.train.demos import demonstration_examples, recorded_demonstration
 from reinforge.types import Message
-
-from .test_episodes import TRL, tokenizer_with
+from tests.rollout.test_episodes import TRL, tokenizer_with
 
 pytestmark = pytest.mark.skipif(TRL is None, reason="templates from the trl wheel")
 
