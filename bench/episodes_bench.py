@@ -87,16 +87,18 @@ def run(engine, tok, env_tasks, tasks, args, share: bool) -> dict:
     )
     limits = episodes.EpisodeLimits(args.turns + 1, args.turn_tokens, 1 << 20)
     first_turn_pages: list[float] = []
+    generate_seconds = [0.0]
     generate = engine.generate
 
     def recording_generate(prompts, p):
+        start = time.perf_counter()
         out = generate(prompts, p)
+        generate_seconds[0] += time.perf_counter() - start
         if not first_turn_pages:
             first_turn_pages.append(engine.stats.extra.get("kv_blocks_peak", 0.0))
         return out
 
     engine.generate = recording_generate
-    prefill = 0.0
     start = time.perf_counter()
     try:
         groups = episodes.run_episodes(
@@ -122,7 +124,8 @@ def run(engine, tok, env_tasks, tasks, args, share: bool) -> dict:
         "generated_tokens": generated,
         "tokens_per_s": generated / seconds,
         "first_turn_kv_pages_peak": first_turn_pages[0] if first_turn_pages else 0.0,
-        "prefill_tokens_last_call": prefill,
+        "generate_s": generate_seconds[0],
+        "env_and_tokens_s": seconds - generate_seconds[0],
     }
 
 
