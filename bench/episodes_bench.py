@@ -180,11 +180,12 @@ def main() -> None:
         f"{args.samples} samples, {args.turns} tool turns of {args.turn_tokens} tokens, "
         f"prompt {args.prompt_len}, tool latency {args.tool_latency * 1000:.0f} ms"
     )
-    print(f"{'mode':<36} {'seconds':>8} {'tokens/s':>10} {'first-turn KV pages':>20}")
+    header = f"{'mode':<36} {'seconds':>8} {'generate s':>10} {'tokens/s':>9} {'KV pages t1':>11}"
+    print(header)
     for r in (alone, shared):
         print(
-            f"{r['mode']:<20} {r['seconds']:>8.2f} {r['tokens_per_s']:>10.0f} "
-            f"{r['first_turn_kv_pages_peak']:>20.0f}"
+            f"{r['mode']:<36} {r['seconds']:>8.2f} {r['generate_s']:>10.2f} "
+            f"{r['tokens_per_s']:>9.0f} {r['first_turn_kv_pages_peak']:>11.0f}"
         )
     print(
         f"shared / separate: {summary['speedup']:.2f}x faster, "

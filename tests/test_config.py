@@ -154,3 +154,20 @@ def test_dry_run_shows_the_resolved_algorithm_and_where_each_value_came_from(tmp
     assert "clip_high = 0.3  # set (preset dapo: 0.28)" in out.stdout
     assert "overlong_buffer = 2  # set (preset dapo: 4096)" in out.stdout
     assert "dynamic_sampling = true  # preset dapo" in out.stdout
+
+
+def test_a_run_saved_by_an_earlier_version_loads_with_what_it_trained_with(tmp_path):
+    """Configs saved before [algorithm] became a union hold every algorithm's settings (and
+    normalize_std); resume and eval read them, a hand-written config with them is refused."""
+    from reinforge.config_load import read_saved_config
+
+    saved = tmp_path / "config.toml"
+    saved.write_text(
+        '[algorithm]\nname = "grpo"\nnormalize_std = false\ngamma = 1.0\nlam = 0.95\n'
+        'value_clip = 0.2\nkl_coef = 0.0\n\n[rollout]\nprompts_per_step = 8\n'
+    )
+    cfg = load_config(TrainConfig, None, base=read_saved_config(saved))
+    assert cfg.algorithm.name == "grpo" and cfg.algorithm.scale_rewards == "none"
+    assert cfg.rollout.prompts_per_step == 8
+    with pytest.raises(ConfigError, match="normalize_std"):
+        load_config(TrainConfig, saved)

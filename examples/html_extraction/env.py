@@ -1,9 +1,10 @@
 """A shop-page extraction environment for reinforge, written only against its public API.
 
-Each task is a small HTML shop page the model does not see and a question about it ("What does
-the lamp cost?"). The model has one tool, `find(text)`, which searches the page with
-BeautifulSoup and returns the products whose text contains `text`; it answers with the price
-alone. The reward is 1 for the exact price.
+Each task is a small HTML shop page the model does not see and a question about it ("Shop 4721:
+is the lamp in stock? Answer yes or no."). The model has one tool, `find(text)`, which searches
+the page with BeautifulSoup and returns the products whose entry contains `text` (name, price,
+stock); a guess is right half the time, an answer read from the tool every time. The reward is 1
+for the right answer.
 
 Use it from a config (configs/env_html.toml):
 
@@ -18,8 +19,8 @@ JSONL file with the same columns (prompt, answer, html, product) to bring your o
 
 from __future__ import annotations
 
+import json
 import random
-import re
 
 from bs4 import BeautifulSoup
 
@@ -38,20 +39,21 @@ PRODUCTS = ["lamp", "chair", "mug", "desk", "fan", "rug", "bag", "pen", "cup", "
 
 
 def rows(seed: int = 0):
-    """Generated pages: four products with prices, a question about one of them."""
+    """Generated pages: four products with prices and stock, a question about one of them."""
     rng = random.Random(seed)
     for _ in range(3000):
         names = rng.sample(PRODUCTS, 4)
-        prices = [rng.randint(10, 99) for _ in names]
+        stock = [rng.choice(["in stock", "sold out"]) for _ in names]
         items = "".join(
-            f'<li class="product"><b>{n}</b> <span class="price">{p}</span></li>'
-            for n, p in zip(names, prices)
+            f'<li class="product"><b>{n}</b> <span class="price">{rng.randint(10, 99)}</span> '
+            f'<span class="stock">{s}</span></li>'
+            for n, s in zip(names, stock)
         )
         target = rng.randrange(len(names))
         yield {
-            "prompt": f"Shop {rng.randint(1000, 9999)}: what does the {names[target]} cost? "
-            "Answer with the number.",
-            "answer": str(prices[target]),
+            "prompt": f"Shop {rng.randint(1000, 9999)}: is the {names[target]} in stock? "
+            "Answer yes or no.",
+            "answer": "yes" if stock[target] == "in stock" else "no",
             "html": f"<html><body><ul>{items}</ul></body></html>",
             "product": names[target],
         }
@@ -118,15 +120,16 @@ class ShopPageEnv:
 
     def demonstration(self, state: EnvState) -> str:
         """A scripted player for SFT: calls the tool on a share of the tasks and answers from its
-        result; on the others it answers at once (with a guess: it cannot see the page)."""
+        result; on the others it answers at once (a guess: it cannot see the page)."""
         task = state.task
         uses_tool = random.Random(task.id).random() < self.demo_tool_fraction
         if state.turn == 0 and uses_tool:
-            return f'<tool_call>{{"name": "find", "arguments": {{"text": "{task.info["product"]}"}}}}</tool_call>'
+            call = {"name": "find", "arguments": {"text": task.info["product"]}}
+            return f"<tool_call>{json.dumps(call)}</tool_call>"
         if state.turn == 0:
-            return str(random.Random(f"guess/{task.id}").randint(10, 99))
-        found = re.search(rf"{task.info['product']} (\d+)", state.messages[-1].content)
-        return found.group(1) if found else "0"
+            return random.Random(f"guess/{task.id}").choice(["yes", "no"])
+        found = state.messages[-1].content
+        return "yes" if "in stock" in found else "no"
 
 
 def make_env(parser: str = "hermes", max_turns: int = 3, demo_tool_fraction: float = 0.5):

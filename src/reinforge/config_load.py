@@ -13,7 +13,7 @@ import difflib
 import sys
 import types
 from pathlib import Path
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Union, get_args
 
 from pydantic import BaseModel, ValidationError
 
@@ -54,6 +54,28 @@ def load_config(
         return root.model_validate(raw)
     except ValidationError as e:
         raise ConfigError(format_validation_error(e, root)) from None
+
+
+def read_saved_config(path: Path) -> dict[str, Any]:
+    """A run's saved `config.toml` as a table, brought up to the current `[algorithm]`
+    settings when an earlier reinforge wrote it: `normalize_std` became `scale_rewards`, and
+    settings the run's algorithm never read (the PPO ones under grpo, say) were accepted then and
+    are dropped now, so the run resumes and evaluates with what it trained with."""
+    from reinforge.config_algorithm import AlgorithmSection
+
+    raw = tomllib.loads(path.read_text())
+    algorithm = raw.get("algorithm")
+    if not isinstance(algorithm, dict) or "name" not in algorithm:
+        return raw
+    if "normalize_std" in algorithm:
+        divide = algorithm.pop("normalize_std")
+        algorithm.setdefault("scale_rewards", "group" if divide else "none")
+    variants = {v.model_fields["name"].default: v for v in get_args(get_args(AlgorithmSection)[0])}
+    model = variants.get(algorithm["name"])
+    if model is not None:
+        for key in [k for k in algorithm if k not in model.model_fields]:
+            del algorithm[key]
+    return raw
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:

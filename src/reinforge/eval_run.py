@@ -91,11 +91,12 @@ def score(args, cfg):
 def run_config_base(run_dir: Path) -> dict[str, Any]:
     """The sections of a run's config that evaluating it starts from."""
     from reinforge.config import EvalSamplingSection
+    from reinforge.config_load import read_saved_config
 
     path = run_dir / "config.toml"
     if not path.exists():
         return {}
-    trained = tomllib.loads(path.read_text())
+    trained = read_saved_config(path)
     base: dict[str, Any] = {
         "run": {k: v for k, v in trained.get("run", {}).items() if k in INHERITED_RUN_KEYS}
     }

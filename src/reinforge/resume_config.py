@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reinforge.config_load import load_config
+from reinforge.config_load import load_config, read_saved_config
 from reinforge.errors import ConfigError
 
 if sys.version_info >= (3, 11):
-    import tomllib
+    pass
 else:  # pragma: no cover
-    import tomli as tomllib
+    pass
 
 # Where the run lives, not how it trains: --resume RUN_DIR sets these.
 IGNORED = {"run.output_dir", "run.name", "run.overwrite"}
@@ -52,10 +52,11 @@ def resume_config(
             f"--resume {run_dir}: {saved_file} does not exist, so this is not a run directory; "
             "give the folder run.output_dir/run.name of an earlier run (e.g. runs/quickstart)"
         )
-    saved = load_config(root, saved_file)
+    saved_table = read_saved_config(saved_file)
+    saved = load_config(root, None, base=saved_table)
     if path is None and not overrides:
         return _placed(saved, run_dir), []
-    base = None if path is not None else tomllib.loads(saved_file.read_text())
+    base = None if path is not None else saved_table
     given = load_config(root, path, overrides, base=base)
     changes = config_changes(saved.model_dump(mode="json"), given.model_dump(mode="json"))
     if changes and not allow_changes:
