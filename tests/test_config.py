@@ -164,7 +164,7 @@ def test_a_run_saved_by_an_earlier_version_loads_with_what_it_trained_with(tmp_p
     saved = tmp_path / "config.toml"
     saved.write_text(
         '[algorithm]\nname = "grpo"\nnormalize_std = false\ngamma = 1.0\nlam = 0.95\n'
-        'value_clip = 0.2\nkl_coef = 0.0\n\n[rollout]\nprompts_per_step = 8\n'
+        "value_clip = 0.2\nkl_coef = 0.0\n\n[rollout]\nprompts_per_step = 8\n"
     )
     cfg = load_config(TrainConfig, None, base=read_saved_config(saved))
     assert cfg.algorithm.name == "grpo" and cfg.algorithm.scale_rewards == "none"

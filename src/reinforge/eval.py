@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from reinforge import faults
 from reinforge.engine.base import Engine
 from reinforge.envs.env_tasks import ENV_REWARD, single_turn_tasks
 from reinforge.eval_metrics import Sample, summarize_eval
@@ -80,7 +81,8 @@ def evaluate(
         seed=seed,
     )
     errors = RewardErrors()
-    groups = play(engine, tokenizer, env_tasks, tasks, samples_per_task, params, errors)
+    with faults.suspended():
+        groups = play(engine, tokenizer, env_tasks, tasks, samples_per_task, params, errors)
     samples, rows = [], []
     for group in groups:
         source = str(group.task.info.get("data_source", env_tasks.name))

@@ -122,6 +122,18 @@ def step_metrics() -> dict[str, float]:
 
 
 @contextmanager
+def suspended() -> Iterator[None]:
+    """No faults drawn inside: evaluation measures the policy, the drill targets training (and
+    its counters, `faults_injected` against `reward_errors`, stay a step's own)."""
+    global _active
+    saved, _active = _active, None
+    try:
+        yield
+    finally:
+        _active = saved
+
+
+@contextmanager
 def site(name: str) -> Iterator[bool]:
     """Enter watchdog phase `name` and draw this call's fault; yields True when the caller must
     make its value NaN."""

@@ -24,7 +24,9 @@ else:  # pragma: no cover
     pass
 
 # Where the run lives, not how it trains: --resume RUN_DIR sets these.
-IGNORED = {"run.output_dir", "run.name", "run.overwrite"}
+# Where the run lives, and how to treat a damaged checkpoint when resuming: settings of this
+# resume, not of the training (they change nothing the run computes).
+IGNORED = {"run.output_dir", "run.name", "run.overwrite", "checkpoint.on_damaged"}
 
 
 @dataclass(frozen=True)

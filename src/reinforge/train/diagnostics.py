@@ -163,8 +163,12 @@ def headroom_metrics(
 
 def headroom_eval(cfg, policy, tasks, max_new_tokens: int, result: EvalResult) -> dict[str, float]:
     """k = rollout.samples_per_prompt samples of each of the first eval.headroom_tasks held-out
-    tasks at the rollout's sampling settings; {} when off, k < 2 or nothing was scored."""
-    k, num_tasks = cfg.rollout.samples_per_prompt, cfg.eval.headroom_tasks
+    tasks at the rollout's sampling settings; {} when off, k < 2, nothing was scored, or the
+    command samples nothing to sharpen (`reinforge sft` has no [rollout])."""
+    rollout = getattr(cfg, "rollout", None)
+    if rollout is None:
+        return {}
+    k, num_tasks = rollout.samples_per_prompt, cfg.eval.headroom_tasks
     chosen = held_out_tasks(cfg, tasks)[:num_tasks]
     if k < 2 or not num_tasks or not chosen:
         return {}
@@ -176,8 +180,8 @@ def headroom_eval(cfg, policy, tasks, max_new_tokens: int, result: EvalResult) -
         max_new_tokens,
         seed=cfg.run.seed + 1,
         samples_per_task=k,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
     )
     return headroom_metrics(
         rewards_by_task(result.samples, chosen), rewards_by_task(sampled.samples, chosen), k
@@ -191,8 +195,9 @@ def held_out_tasks(cfg, tasks) -> list:
 
 def rewards_by_task(rows: list[dict], tasks) -> list[list[float]]:
     by_id: dict[str, list[float]] = {}
-    for row in rows:
-        by_id.setdefault(row["task_id"], []).append(row["reward"])
+    for row in rows:  # the task's verdict ("env") where the reward has components
+        verdict = row.get("rewards", {}).get("env", row["reward"])
+        by_id.setdefault(row["task_id"], []).append(verdict)
     return [by_id[t.id] for t in tasks]
 
 
