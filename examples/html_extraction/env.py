@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 from bs4 import BeautifulSoup
 
@@ -35,25 +36,34 @@ from reinforge.envs import (
     make_tools,
 )
 
+# What a task asks about its product: its price (a guess is right 1 time in 90) or its stock
+# (a guess is right half the time); the tool's answer is right every time.
+QUESTIONS = {
+    "price": " What does it cost? Answer with the number.",
+    "stock": " Is it in stock? Answer yes or no.",
+}
+YES_NO = ["yes", "no"]
 PRODUCTS = ["lamp", "chair", "mug", "desk", "fan", "rug", "bag", "pen", "cup", "hat", "sofa", "bed"]
 
 
 def rows(seed: int = 0):
-    """Generated pages: four products with prices and stock, a question about one of them."""
+    """Generated pages: four products with prices and stock, and for one of them the two
+    questions (`make_env(question=...)` picks which one a task asks)."""
     rng = random.Random(seed)
     for _ in range(3000):
         names = rng.sample(PRODUCTS, 4)
+        prices = [rng.randint(10, 99) for _ in names]
         stock = [rng.choice(["in stock", "sold out"]) for _ in names]
         items = "".join(
-            f'<li class="product"><b>{n}</b> <span class="price">{rng.randint(10, 99)}</span> '
+            f'<li class="product"><b>{n}</b> <span class="price">{p}</span> '
             f'<span class="stock">{s}</span></li>'
-            for n, s in zip(names, stock)
+            for n, p, s in zip(names, prices, stock)
         )
         target = rng.randrange(len(names))
         yield {
-            "prompt": f"Shop {rng.randint(1000, 9999)}: is the {names[target]} in stock? "
-            "Answer yes or no.",
-            "answer": "yes" if stock[target] == "in stock" else "no",
+            "prompt": f"Shop {rng.randint(1000, 9999)}, the {names[target]}.",
+            "answer": str(prices[target]),
+            "in_stock": "yes" if stock[target] == "in stock" else "no",
             "html": f"<html><body><ul>{items}</ul></body></html>",
             "product": names[target],
         }
@@ -79,7 +89,15 @@ class ShopPageEnv:
     name = "shop_page"
     counters = ("tool_calls", "malformed_calls", "tool_errors")
 
-    def __init__(self, parser: str = "hermes", max_turns: int = 3, demo_tool_fraction: float = 0.5):
+    def __init__(
+        self,
+        parser: str = "hermes",
+        max_turns: int = 3,
+        demo_tool_fraction: float = 0.5,
+        question: str = "price",
+    ):
+        assert question in QUESTIONS, f"question must be one of {sorted(QUESTIONS)}"
+        self.question = question
         self.parse = get_parser(parser)
         self.max_turns = max_turns
         self.demo_tool_fraction = demo_tool_fraction
@@ -93,7 +111,8 @@ class ShopPageEnv:
             '"arguments": {"text": ...}}</tool_call>.',
         )
         page = BeautifulSoup(task.info["html"], "html.parser")
-        return EnvState(task=task, messages=[system, *task.messages], info={"page": page})
+        asked = Message("user", task.messages[-1].content + QUESTIONS[self.question])
+        return EnvState(task=task, messages=[system, asked], info={"page": page})
 
     def step(self, state: EnvState, assistant: Message) -> StepResult:
         state.messages.append(assistant)
@@ -102,7 +121,7 @@ class ShopPageEnv:
         counts = {"tool_calls": 0.0, "malformed_calls": 0.0, "tool_errors": 0.0}
         if not calls or state.turn >= self.max_turns:
             state.done = True
-            right = assistant.content.strip() == state.task.answer
+            right = assistant.content.strip() == self.answer(state.task)
             return StepResult([], done=True, rewards={"reward": float(right)}, metrics=counts)
         tools = make_tools(page_tools(state.info["page"]))
         replies = []
@@ -118,19 +137,30 @@ class ShopPageEnv:
         state.messages.extend(replies)
         return StepResult(replies, done=False, metrics=counts)
 
+    def answer(self, task: Task) -> str:
+        return task.answer if self.question == "price" else task.info["in_stock"]
+
     def demonstration(self, state: EnvState) -> str:
         """A scripted player for SFT: calls the tool on a share of the tasks and answers from its
         result; on the others it answers at once (a guess: it cannot see the page)."""
-        task = state.task
+        task, guess = state.task, random.Random(f"guess/{state.task.id}")
         uses_tool = random.Random(task.id).random() < self.demo_tool_fraction
         if state.turn == 0 and uses_tool:
             call = {"name": "find", "arguments": {"text": task.info["product"]}}
             return f"<tool_call>{json.dumps(call)}</tool_call>"
         if state.turn == 0:
-            return random.Random(f"guess/{task.id}").choice(["yes", "no"])
+            return str(guess.randint(10, 99)) if self.question == "price" else guess.choice(YES_NO)
         found = state.messages[-1].content
-        return "yes" if "in stock" in found else "no"
+        if self.question == "stock":
+            return "yes" if "in stock" in found else "no"
+        price = re.search(rf"{task.info['product']} (\d+)", found)
+        return price.group(1) if price else "0"
 
 
-def make_env(parser: str = "hermes", max_turns: int = 3, demo_tool_fraction: float = 0.5):
-    return ShopPageEnv(parser, max_turns, demo_tool_fraction)
+def make_env(
+    parser: str = "hermes",
+    max_turns: int = 3,
+    demo_tool_fraction: float = 0.5,
+    question: str = "price",
+):
+    return ShopPageEnv(parser, max_turns, demo_tool_fraction, question)

@@ -135,3 +135,35 @@ def test_a_groups_first_turn_is_one_prompt_with_n_samples(tok, engine):
     assert recording.calls[0] == (3, 4)  # three prompts, four samples each: pages shared
     assert all(n == 1 for _, n in recording.calls[1:])  # later turns differ per episode
     assert [len(g.trajectories) for g in groups] == [4, 4, 4]
+
+
+def test_the_worked_example_runs_as_its_config_says(tmp_path):
+    """docs/environments.md's example (examples/html_extraction/env.py, public API only) through
+    configs/env_html.toml, shrunk to the tiny model and a step: rows from its generator, SFT on its
+    demonstrations, episodes calling its BeautifulSoup tool, its counters logged."""
+    out = cli(
+        "train",
+        "configs/env_html.toml",
+        "model.path=builtin:tiny",
+        "sft.steps=2",
+        "sft.batch_size=4",
+        "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=2",
+        "eval.num_tasks=2",
+        "eval.headroom_tasks=0",
+        "run.max_steps=1",
+        "run.num_threads=1",
+        f"run.output_dir={tmp_path}",
+        "run.name=example",
+    )
+    assert out.returncode == ExitCode.OK, out.stdout + out.stderr
+    assert "60 held-out" in out.stdout and "rewards: scored by the env" in out.stdout
+    rows = [json.loads(line) for line in (tmp_path / "example" / "metrics.jsonl").open()]
+    step = next(r for r in rows if r.get("step") == 1 and "reward_mean" in r)
+    assert {
+        "tool_call_rate",
+        "malformed_calls",
+        "tool_errors",
+        "turns_per_episode",
+        "reward_env",
+    } <= step.keys()
