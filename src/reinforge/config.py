@@ -163,6 +163,9 @@ class RolloutSection(Section):
     """Threads that run a turn's env steps at once (tool calls, sandboxed code, game moves, a
     user env's step): a tool that waits 50 ms costs one wait per turn, not one per episode. 1 runs
     them one by one (for an env whose step is not safe to call from several threads)."""
+    max_concurrent_agents: int = Field(64, ge=1, le=4096)
+    """Agent tasks (`[task] name = "agent"`): agent calls running at once; their requests are
+    batched into engine calls together (docs/agents.md)."""
     engine: Literal["auto", "paged", "simple"] = "auto"
     """Generation engine for rollouts and validation: "paged" (continuous batching over a paged KV
     cache, one prefill per group's prompt, CUDA graphs on a GPU; Qwen2/2.5, Qwen3 and Llama models,

@@ -335,4 +335,4 @@ ENV_TASK_CONFIGS = (
 
 
 def is_env_task(task_cfg: object) -> bool:
-    return isinstance(task_cfg, ENV_TASK_CONFIGS)
+    return isinstance(task_cfg, EnvTaskConfig)  # the agent task's section too (config_tasks.py)

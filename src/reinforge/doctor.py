@@ -131,7 +131,7 @@ def check_environment(report: DoctorReport, output_dir: str = ".") -> None:
 COMMAND_MODULES = {
     "train": ("reinforge.train.rl",),
     "sft": ("reinforge.train.sft_run",),
-    "eval": ("reinforge.eval_run", "reinforge.eval", "reinforge.server.backend"),
+    "eval": ("reinforge.eval_run", "reinforge.eval", "reinforge.server.loading"),
     "export": ("reinforge.export",),
     "report": ("reinforge.report", "reinforge.report_html"),
 }

@@ -60,7 +60,7 @@ def score(args, cfg):
     import torch
 
     from reinforge.eval import evaluate
-    from reinforge.server.backend import load_served_model
+    from reinforge.server.loading import load_served_model
     from reinforge.tasks import build_task_source
 
     if cfg.run.num_threads:

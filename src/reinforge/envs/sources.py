@@ -90,6 +90,12 @@ def build_game(cfg) -> EnvTasks:
     )
 
 
+def build_agent(cfg) -> EnvTasks:
+    from reinforge.envs.agent_task import build_agent_task
+
+    return build_agent_task(cfg)
+
+
 def build_user_env(cfg) -> EnvTasks:
     from reinforge.envs.user_env import build_user_env as build
 
@@ -103,4 +109,5 @@ ENV_TASKS: dict[str, Callable[[Any], EnvTasks]] = {
     "game": build_game,
     "env": build_user_env,
     "tools": build_tools_task,
+    "agent": build_agent,
 }

@@ -30,7 +30,9 @@ import torch
 from reinforge import faults
 from reinforge.algorithms.dapo import filter_zero_variance_groups
 from reinforge.distributed import full_weights, is_launched, is_main, link_group, share
+from reinforge.envs.agent_task import AgentTasks
 from reinforge.envs.env_tasks import EnvTasks, single_turn_tasks
+from reinforge.rollout.agents import play_agents
 from reinforge.rollout.sampling import rollout_sampling
 from reinforge.rollout.trajectories import play
 from reinforge.types import Group
@@ -99,16 +101,28 @@ def rollout_groups(
     params = rollout_sampling(cfg.rollout, policy.tokenizer, seed, first_prompt_index)
     num_failed_before = errors.num_failed
     with faults.site("generation"), full_weights(policy.model):
-        groups = play(
-            policy.engine,
-            policy.tokenizer,
-            tasks,
-            batch_tasks,
-            params.n,
-            params,
-            errors,
-            cfg.rollout.env_workers,
-        )
+        if isinstance(tasks, AgentTasks):  # the user's agent plays (rollout/agents.py)
+            groups = play_agents(
+                policy.engine,
+                policy.tokenizer,
+                tasks,
+                batch_tasks,
+                params.n,
+                params,
+                errors,
+                cfg.rollout.max_concurrent_agents,
+            )
+        else:
+            groups = play(
+                policy.engine,
+                policy.tokenizer,
+                tasks,
+                batch_tasks,
+                params.n,
+                params,
+                errors,
+                cfg.rollout.env_workers,
+            )
     num_calls = sum(len(g.trajectories) for g in groups)
     errors.check(num_calls, errors.num_failed - num_failed_before)
     return groups

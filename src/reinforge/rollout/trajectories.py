@@ -22,10 +22,12 @@ from pathlib import Path
 
 from reinforge.data.chat import eos_ids
 from reinforge.engine.base import Engine, SamplingParams
+from reinforge.envs.agent_task import AgentTasks
 from reinforge.envs.env_tasks import EnvTasks
 from reinforge.errors import RunFailure
 from reinforge.faults import RewardErrors
 from reinforge.metrics import read_metrics
+from reinforge.rollout.agents import play_agents
 from reinforge.rollout.episodes import Episode, EpisodeLimits, check_episode, run_episodes
 from reinforge.types import Completion, Group, Task, Trajectory
 
@@ -81,6 +83,8 @@ def play(
     (`params.max_new_tokens` is each turn's budget; a turn's env steps on `env_workers` threads).
     Reward components that fail are counted in `errors`; an env that raises fails its episode
     (`env_errors`)."""
+    if isinstance(env_tasks, AgentTasks):  # evaluation of an agent task: the agent plays
+        return play_agents(engine, tokenizer, env_tasks, tasks, samples_per_task, params, errors)
     limits = episode_limits(env_tasks, params.max_new_tokens, engine)
     tools = tools_to_render(env_tasks)
     episode_groups = run_episodes(

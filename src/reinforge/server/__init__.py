@@ -16,9 +16,9 @@ from typing import Any
 
 _WHERE = {
     "create_app": "reinforge.server.app",
-    "serve": "reinforge.server.app",
+    "serve": "reinforge.server.loading",
     "ServedModel": "reinforge.server.backend",
-    "load_served_model": "reinforge.server.backend",
+    "load_served_model": "reinforge.server.loading",
     "ServerLimits": "reinforge.server.limits",
 }
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ValidationError
 from reinforge.engine.base import SamplingParams
 from reinforge.envs.parsers import Parser, get_parser
 from reinforge.errors import ConfigError
-from reinforge.server.backend import ServedModel, load_served_model
+from reinforge.server.backend import ServedModel
 from reinforge.server.limits import BodyLimit, ServerLimits, join_body, read_body
 from reinforge.server.protocol import (
     ChatCompletionRequest,
@@ -171,45 +171,6 @@ def parse_body(model: type[BodyT], body: bytes) -> BodyT:
         errors = e.errors(include_url=False, include_input=False)
         located = [{**err, "loc": ("body", *err["loc"])} for err in errors]
         raise RequestValidationError(located) from None
-
-
-def serve(
-    model_path: str,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    engine: str = "auto",
-    *,
-    device: str = "auto",
-    dtype: str = "auto",
-    served_model_name: str | None = None,
-    tool_parser: str = "auto",
-    max_model_len: int | None = None,
-    log_level: str = "info",
-    limits: ServerLimits | None = None,
-) -> None:
-    """Load `model_path` and serve it over HTTP until interrupted (`reinforge serve MODEL`)."""
-    import uvicorn
-
-    if tool_parser != "auto":
-        get_parser(tool_parser)  # a bad name fails before the model loads
-    served = load_served_model(
-        model_path,
-        engine,
-        device=device,
-        dtype=dtype,
-        served_model_name=served_model_name,
-        max_model_len=max_model_len,
-    )
-    log.info(
-        "serving %r with %s (context %d tokens) on http://%s:%d/v1",
-        served.name,
-        type(served.engine).__name__,
-        served.max_model_len,
-        host,
-        port,
-    )
-    app = create_app(served, tool_parser, limits)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
 
 
 def default_tool_parser(tokenizer) -> str:

@@ -16,8 +16,6 @@ from dataclasses import dataclass, replace
 import torch
 
 from reinforge.engine.base import Engine, SamplingParams
-from reinforge.engine.factory import ENGINES, build_engine
-from reinforge.errors import ConfigError
 from reinforge.server.detokenize import cut_at_stop, token_pieces
 from reinforge.server.limits import check_text_fits, max_token_chars
 from reinforge.server.protocol import RequestError
@@ -157,37 +155,3 @@ def _stop_token_ids(model, tokenizer) -> tuple[int, ...]:
     if config_eos is not None:
         ids |= {config_eos} if isinstance(config_eos, int) else set(config_eos)
     return tuple(sorted(ids))
-
-
-def load_served_model(
-    model_path: str,
-    engine: str = "auto",
-    *,
-    device: str = "auto",
-    dtype: str = "auto",
-    served_model_name: str | None = None,
-    max_model_len: int | None = None,
-) -> ServedModel:
-    """Load `model_path` (a model or checkpoint folder, a run directory, `RUN_DIR/step_N`, a hub
-    name or `builtin:NAME`; see `reinforge.models.inference`) behind the chosen engine:
-    'paged' (continuous batching, Qwen2/Qwen3/Llama), 'simple' (any causal LM), or 'auto'
-    (paged when the architecture has a paged forward, else simple)."""
-    if engine not in ENGINES:
-        raise ConfigError(f"engine = {engine!r} is unknown; use one of {list(ENGINES)}")
-    from reinforge.models.inference import load_inference_model, resolve_model
-    from reinforge.train.common import resolve_device, resolve_dtype
-
-    torch_device = resolve_device(device)
-    model, tokenizer = load_inference_model(
-        resolve_model(model_path), torch_device, resolve_dtype(dtype, torch_device)
-    )
-    chosen = build_engine(model, tokenizer, engine, setting="engine")
-    context = model.config.max_position_embeddings
-    if max_model_len is not None and max_model_len > context:
-        raise ConfigError(
-            f"max_model_len = {max_model_len} exceeds the model's context of {context} tokens; "
-            f"set it to at most {context}"
-        )
-    return ServedModel(
-        chosen, model, tokenizer, served_model_name or model_path, max_model_len or context
-    )
