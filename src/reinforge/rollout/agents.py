@@ -125,21 +125,31 @@ def endpoint_for(engine: Engine, tokenizer):
 
 
 async def _run_all(endpoint, agent_tasks: AgentTasks, tasks, n: int, max_concurrent: int):
+    import httpx
+
     gate = asyncio.Semaphore(max_concurrent)
     pool = None if agent_tasks.is_async else ThreadPoolExecutor(max_concurrent, "agent")
+    # one connection pool for every episode's client (a client of its own costs ~80 ms: TLS
+    # setup, though the endpoint is plain HTTP)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=2 * max_concurrent)
+    timeout = httpx.Timeout(agent_tasks.timeout_s)
+    http = (httpx.AsyncClient if agent_tasks.is_async else httpx.Client)(
+        limits=limits, timeout=timeout
+    )
     try:
         runs = [
-            [_run_one(endpoint, agent_tasks, task, k, gate, pool) for k in range(n)]
+            [_run_one(endpoint, agent_tasks, task, k, gate, pool, http) for k in range(n)]
             for task in tasks
         ]
         flat = await asyncio.gather(*(run for group in runs for run in group))
     finally:
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)  # a hung agent keeps its thread
+        await _close(http)
     return [flat[i * n : (i + 1) * n] for i in range(len(tasks))]
 
 
-async def _run_one(endpoint, agent_tasks: AgentTasks, task: Task, k: int, gate, pool):
+async def _run_one(endpoint, agent_tasks: AgentTasks, task: Task, k: int, gate, pool, http):
     import openai
 
     async with gate:
@@ -148,7 +158,9 @@ async def _run_one(endpoint, agent_tasks: AgentTasks, task: Task, k: int, gate, 
         endpoint.batcher.agent_started()
         url, timeout = endpoint.base_url(key), agent_tasks.timeout_s
         maker = openai.AsyncOpenAI if agent_tasks.is_async else openai.OpenAI
-        client = maker(base_url=url, api_key="reinforge", max_retries=0, timeout=timeout)
+        client = maker(
+            base_url=url, api_key="reinforge", max_retries=0, timeout=timeout, http_client=http
+        )
         ctx = AgentContext(client, "policy", url, "reinforge", task, k)
         episode = AgentEpisode(task)
         try:
@@ -164,7 +176,6 @@ async def _run_one(endpoint, agent_tasks: AgentTasks, task: Task, k: int, gate, 
         finally:
             endpoint.batcher.agent_finished()
             episode.records = list(endpoint.close_episode(key).records)
-            await _close(client)
         if episode.failure is None and not episode.records:
             episode.failure, episode.error = "no_request", "the agent made no request"
         return episode
@@ -177,8 +188,8 @@ async def _call(agent_tasks: AgentTasks, ctx: AgentContext, pool):
     return await asyncio.get_running_loop().run_in_executor(pool, lambda: fn(ctx, **kwargs))
 
 
-async def _close(client) -> None:
-    closed = client.close()
+async def _close(http) -> None:
+    closed = http.aclose() if hasattr(http, "aclose") else http.close()
     if asyncio.iscoroutine(closed):
         await closed
 
@@ -248,7 +259,8 @@ def to_trajectories(
             segments = [_empty_segment(tokenizer, e.task)]
     last = segments[-1].text if e.records else ""
     counters = {"agent_requests": float(len({r.request_index for r in e.records}))}
-    reward, components = agent_tasks.scorer.score(e.rewards, last, e.task, counters, errors)
+    rewards = e.rewards if e.failure is None else {}  # a failed episode's own verdict is void
+    reward, components = agent_tasks.scorer.score(rewards, last, e.task, counters, errors)
     metrics = {
         **counters,
         "agent_segments": float(len(segments)),
