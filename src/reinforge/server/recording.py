@@ -210,13 +210,16 @@ class RecordingModel(ServedModel):
         chat, self._chat.value = getattr(self._chat, "value", None), None
         request_index = episode.take_request()
         s = self.sampling
+        stop_ids = () if s.ignore_eos else tuple(sorted({*s.stop_token_ids, *self.stop_token_ids}))
         params = replace(
             params,
             temperature=s.temperature,
             top_p=s.top_p,
             top_k=s.top_k,
             min_p=s.min_p,
-            stop_token_ids=tuple(sorted({*s.stop_token_ids, *self.stop_token_ids})),
+            stop_token_ids=stop_ids,
+            stop_strings=() if s.ignore_eos else (*params.stop_strings, *s.stop_strings),
+            ignore_eos=s.ignore_eos,
             max_new_tokens=min(
                 params.max_new_tokens,
                 *(self.max_new_tokens(p, None, "max_tokens") for p in prompts),
