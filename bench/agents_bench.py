@@ -8,7 +8,8 @@ OpenAI endpoint (`rollout.agents.play_agents`) and by the built-in env loop (`ro
 Episodes: `--prompts` x `--samples` (64 agents at once by default), `--turns` assistant turns of
 `--turn-tokens` tokens each (EOS ignored: every run does the same work), a simulated tool that
 answers after `--tool-latency` seconds between turns. The agent is plain `openai` client code
-(async, or sync on threads with --sync); the env is `ToolTurnsEnv` on as many threads as
+(async, or sync on threads with --sync), its requests batched continuously (or, with
+--closed-calls, in closed engine calls); the env is `ToolTurnsEnv` on as many threads as
 episodes. The model has the shape's random weights (bf16 on a GPU). Each path runs twice (the
 first a warm-up); printed: seconds, generated tokens/s, engine calls, and agent / env. The
 numbers go to JSON in $OUT (or --out).
@@ -98,6 +99,9 @@ def main() -> None:
     parser.add_argument("--tool-latency", type=float, default=0.05)
     parser.add_argument("--kv-gib", type=float, default=20.0)
     parser.add_argument("--sync", action="store_true", help="a sync agent on threads")
+    parser.add_argument(
+        "--closed-calls", action="store_true", help="agents' requests in closed engine calls"
+    )
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     args = parser.parse_args()
 
@@ -129,20 +133,22 @@ def main() -> None:
         scorer,
         (),
         max_turns=args.turns,
-        max_context=1 << 20,
+        max_context=args.prompt_len + args.turns * (args.turn_tokens + 64),
         agent=sync_agent if args.sync else async_agent,
         agent_args=agent_args,
         timeout_s=600.0,
         max_failed_share=0.0,
     )
     batcher = endpoint_for(engine, tok).batcher
+    batcher.is_continuous = batcher.is_continuous and not args.closed_calls
+    mode = "continuous" if batcher.is_continuous else "closed calls"
     results = []
     for repeat in range(2):
         r = run("env loop", lambda: play(engine, tok, env_tasks, tasks, n, params, None, episodes))
         results.append({**r, "repeat": repeat})
         calls = batcher.num_calls
         r = run(
-            "agent (" + ("sync" if args.sync else "async") + ")",
+            f"agent ({'sync' if args.sync else 'async'}, {mode})",
             lambda: play_agents(engine, tok, agent_tasks, tasks, n, params, None, episodes),
         )
         results.append({**r, "repeat": repeat, "engine_calls": batcher.num_calls - calls})
@@ -163,10 +169,10 @@ def main() -> None:
         f"({args.prompts} prompts x {n}), {args.turns} turns of {args.turn_tokens} tokens, "
         f"prompt {args.prompt_len}, tool latency {args.tool_latency * 1000:.0f} ms"
     )
-    print(f"{'path':<16} {'seconds':>8} {'tokens/s':>9} {'sequences':>9} {'engine calls':>12}")
+    print(f"{'path':<34} {'seconds':>8} {'tokens/s':>9} {'sequences':>9} {'engine calls':>12}")
     for r in (env_r, agent_r):
         print(
-            f"{r['path']:<16} {r['seconds']:>8.2f} {r['tokens_per_s']:>9.0f} "
+            f"{r['path']:<34} {r['seconds']:>8.2f} {r['tokens_per_s']:>9.0f} "
             f"{r['sequences']:>9} {r.get('engine_calls', ''):>12}"
         )
     print(f"agent / env tokens/s: {summary['agent_over_env_tokens_per_s']:.2f}")

@@ -9,9 +9,10 @@ import torch
 
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.factory import build_engine
+from reinforge.engine.paged import PagedEngine
 from reinforge.errors import RunFailure
 from reinforge.models.tiny import builtin_path
-from reinforge.rollout.agents import play_agents
+from reinforge.rollout.agents import endpoint_for, play_agents
 from reinforge.rollout.trajectories import episode_metrics
 from reinforge.train.common import load_model, load_tokenizer
 
@@ -74,3 +75,23 @@ def test_failing_agents_are_counted_by_reason_and_the_rollout_goes_on(micro, cap
     strict = agent_tasks("bad_agent", max_failed_share=0.4)
     with pytest.raises(RunFailure, match=r"3 of 6 agent calls failed .*max_failed_agent_share"):
         play_agents(engine, tokenizer, strict, [task("Hi")], 6, params)
+
+
+def test_requests_join_an_open_engine_call_and_sample_as_a_closed_one(micro):
+    """With a fixed KV pool the paged engine takes requests while others decode (one session
+    for all the turns of all the agents); greedy, each turn is what a closed call samples."""
+    _, tokenizer = micro
+    fixed = PagedEngine(micro[0].model, tokenizer, num_blocks=256)
+    tasks = agent_tasks("nudging_agent", {"turns": 3})
+    prompts = [task("What is the weather?"), task("Hi", 1)]
+    groups = play_agents(fixed, tokenizer, tasks, prompts, 2, greedy(tokenizer, 8))
+    batcher = endpoint_for(fixed, tokenizer).batcher
+    assert batcher.is_continuous and batcher.num_requests == 12
+    assert batcher.num_calls < 12  # requests shared sessions
+    for g in groups:
+        assert len(g.trajectories) == 2  # one sequence per episode
+        for t in g.trajectories:
+            ids, mask = t.completion.token_ids, t.completion.loss_mask
+            first = mask.index(0) if 0 in mask else len(mask)
+            [[closed]] = fixed.generate([t.prompt_ids], greedy(tokenizer, 8))
+            assert ids[:first] == closed.token_ids

@@ -33,6 +33,7 @@ from reinforge.errors import ConfigError, RunFailure
 from reinforge.faults import RewardErrors
 from reinforge.rollout.segments import Segment, assemble
 from reinforge.types import Completion, Group, Task, Trajectory
+from reinforge.watchdog import beat
 
 FAILURES = ("raised", "timeout", "no_request", "bad_return")
 DEFAULT_MAX_CONCURRENT_AGENTS = 64  # evaluation's; training reads rollout.max_concurrent_agents
@@ -174,6 +175,7 @@ async def _run_one(endpoint, agent_tasks: AgentTasks, task: Task, k: int, gate, 
             episode.failure = "raised"
             episode.error = traceback.format_exception_only(error)[-1].strip()
         finally:
+            beat()  # an episode ended: progress, for the hang watchdog
             endpoint.batcher.agent_finished()
             episode.records = list(endpoint.close_episode(key).records)
         if episode.failure is None and not episode.records:

@@ -11,9 +11,12 @@ rollout keeps with `agent_started` / `agent_finished`) has a request waiting, or
 arrived for `gather_s`, so agents whose tools answer at about the same time share a call rather
 than the first of them going alone.
 
-The engine samples as it always does (the paged engine continuously batches the sequences of a
-call, a prompt's n samples sharing its pages); the limit is that a call is closed once it starts:
-a request arriving during it does not join its decode steps.
+On the paged engine with a fixed KV pool (on CUDA, or a pool size given) the calls are open
+instead (`engine.continuous.ContinuousSession`): a request that arrives while others decode joins
+at the next step (prefilled at the next prefill step, then decoded with the rest), and each
+request gets its completions the step its last sequence finishes, so an agent's next turn does
+not wait for the slowest of the others. Elsewhere (the simple engine, the CPU pool that grows per
+call) each engine call is closed once it starts: a request arriving during it goes into the next.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from reinforge.engine.base import Engine, SamplingParams
+from reinforge.engine.continuous import ContinuousSession, sampler_key, supports_sessions
 from reinforge.types import Completion
 
 
@@ -36,9 +40,11 @@ class _Waiting:
 
 
 class RequestBatcher:
-    def __init__(self, engine: Engine, gather_s: float = 0.01):
+    def __init__(self, engine: Engine, gather_s: float = 0.01, continuous: bool = True):
         self.engine = engine
         self.gather_s = gather_s
+        self.is_continuous = continuous and supports_sessions(engine)
+        self.max_len = 1 << 14  # the longest sequence a session holds (the endpoint sets it)
         self.lock = threading.Lock()  # held while the engine (or anything else) runs the model
         self.num_calls = 0
         self.num_requests = 0
@@ -88,7 +94,10 @@ class RequestBatcher:
                     return
                 self._gather()
                 batch, self._waiting = self._waiting, []
-            self._run(batch)
+            if self.is_continuous:
+                self._run_session(batch)
+            else:
+                self._run(batch)
 
     def _gather(self) -> None:
         """Wait (holding the condition) until every running agent waits or arrivals pause."""
@@ -118,3 +127,40 @@ class RequestBatcher:
             for item in items:
                 item.done.set_result(out[start : start + len(item.prompts)])
                 start += len(item.prompts)
+
+    def _run_session(self, batch: list[_Waiting]) -> None:
+        """One open call: `batch` and whatever arrives with the same sampler settings until
+        nothing runs or waits; requests with other settings go back to the queue."""
+        self.num_calls += 1
+        key = sampler_key(batch[0].params)
+        later: list[_Waiting] = []
+        with self.lock:
+            session = ContinuousSession(self.engine, batch[0].params, self.max_len)
+            while True:
+                for item in batch:
+                    if sampler_key(item.params) != key:
+                        later.append(item)
+                        continue
+                    self.num_requests += 1
+                    seed = self._seed * 1_000_003 + self.num_requests
+                    params = dataclasses.replace(item.params, seed=seed)
+                    session.admit(item.prompts, params, _resolver(item.done))
+                is_running = session.step()
+                with self._cond:
+                    batch, self._waiting = self._waiting, []
+                if not is_running and not batch:
+                    break
+        if later:
+            with self._cond:
+                self._waiting = later + self._waiting
+                self._cond.notify_all()
+
+
+def _resolver(done: Future):
+    def resolve(result) -> None:
+        if isinstance(result, Exception):
+            done.set_exception(result)
+        else:
+            done.set_result(result)
+
+    return resolve

@@ -96,6 +96,7 @@ class AgentEndpoint:
         request's budget) and the episode context."""
         self.served.configure(sampling, sampling.max_new_tokens, max_context)
         self.batcher.set_seed(sampling.seed)
+        self.batcher.max_len = max_context
 
     def base_url(self, key: str) -> str:
         return f"http://127.0.0.1:{self.port}{PREFIX}{key}/v1"
