@@ -8,11 +8,12 @@ OpenAI endpoint (`rollout.agents.play_agents`) and by the built-in env loop (`ro
 Episodes: `--prompts` x `--samples` (64 agents at once by default), `--turns` assistant turns of
 `--turn-tokens` tokens each (EOS ignored: every run does the same work), a simulated tool that
 answers after `--tool-latency` seconds between turns. The agent is plain `openai` client code
-(async, or sync on threads with --sync), its requests batched continuously (or, with
---closed-calls, in closed engine calls); the env is `ToolTurnsEnv` on as many threads as
-episodes. The model has the shape's random weights (bf16 on a GPU). Each path runs twice (the
-first a warm-up); printed: seconds, generated tokens/s, engine calls, and agent / env. The
-numbers go to JSON in $OUT (or --out).
+(async, or sync on threads with --sync); its requests run batched continuously (where the engine
+allows it: the paged engine with a fixed pool, as on a GPU) and in closed engine calls. The env is
+`ToolTurnsEnv` on as many threads as episodes. The model has the shape's random weights (bf16 on
+a GPU). Each path runs twice (the first a warm-up); printed: seconds, generated tokens/s, engine
+calls (sessions in the continuous mode) and agent / env. The numbers go to JSON in $OUT (or
+--out).
 
 Needs the agent extra on the machine (fastapi, uvicorn, openai).
 """
@@ -99,9 +100,6 @@ def main() -> None:
     parser.add_argument("--tool-latency", type=float, default=0.05)
     parser.add_argument("--kv-gib", type=float, default=20.0)
     parser.add_argument("--sync", action="store_true", help="a sync agent on threads")
-    parser.add_argument(
-        "--closed-calls", action="store_true", help="agents' requests in closed engine calls"
-    )
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     args = parser.parse_args()
 
@@ -140,27 +138,32 @@ def main() -> None:
         max_failed_share=0.0,
     )
     batcher = endpoint_for(engine, tok).batcher
-    batcher.is_continuous = batcher.is_continuous and not args.closed_calls
-    mode = "continuous" if batcher.is_continuous else "closed calls"
+    modes = (["continuous"] if batcher.is_continuous else []) + ["closed calls"]
+    kind = "sync" if args.sync else "async"
     results = []
     for repeat in range(2):
         r = run("env loop", lambda: play(engine, tok, env_tasks, tasks, n, params, None, episodes))
         results.append({**r, "repeat": repeat})
-        calls = batcher.num_calls
-        r = run(
-            f"agent ({'sync' if args.sync else 'async'}, {mode})",
-            lambda: play_agents(engine, tok, agent_tasks, tasks, n, params, None, episodes),
-        )
-        results.append({**r, "repeat": repeat, "engine_calls": batcher.num_calls - calls})
-        for r in results[-2:]:
-            print(json.dumps(r), flush=True)
-    env_r, agent_r = results[-2], results[-1]
+        print(json.dumps(results[-1]), flush=True)
+        for mode in modes:
+            batcher.is_continuous = mode == "continuous"
+            calls = batcher.num_calls
+            r = run(
+                f"agent ({kind}, {mode})",
+                lambda: play_agents(engine, tok, agent_tasks, tasks, n, params, None, episodes),
+            )
+            results.append({**r, "repeat": repeat, "engine_calls": batcher.num_calls - calls})
+            print(json.dumps(results[-1]), flush=True)
+    last = [r for r in results if r["repeat"] == 1]
+    env_r = last[0]
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     summary = {
         "device": device_name,
         "args": vars(args),
         "results": results,
-        "agent_over_env_tokens_per_s": agent_r["tokens_per_s"] / env_r["tokens_per_s"],
+        "agent_over_env_tokens_per_s": {
+            r["path"]: r["tokens_per_s"] / env_r["tokens_per_s"] for r in last[1:]
+        },
     }
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "agents_bench.json").write_text(json.dumps(summary, indent=2))
@@ -170,12 +173,13 @@ def main() -> None:
         f"prompt {args.prompt_len}, tool latency {args.tool_latency * 1000:.0f} ms"
     )
     print(f"{'path':<34} {'seconds':>8} {'tokens/s':>9} {'sequences':>9} {'engine calls':>12}")
-    for r in (env_r, agent_r):
+    for r in last:
         print(
             f"{r['path']:<34} {r['seconds']:>8.2f} {r['tokens_per_s']:>9.0f} "
             f"{r['sequences']:>9} {r.get('engine_calls', ''):>12}"
         )
-    print(f"agent / env tokens/s: {summary['agent_over_env_tokens_per_s']:.2f}")
+    for path, ratio in summary["agent_over_env_tokens_per_s"].items():
+        print(f"{path} / env loop, tokens/s: {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -171,6 +171,7 @@ class RecordingModel(ServedModel):
         self.sampling = SamplingParams()  # the rollout's; set before each rollout
         self.max_tokens_per_request = 16
         self._chat = threading.local()  # the chat messages behind the prompt being generated
+        self._tokenizing = threading.Lock()  # one tokenizer, many request threads
 
     def configure(self, sampling: SamplingParams, max_tokens_per_request: int, context: int):
         self.sampling = sampling
@@ -189,13 +190,16 @@ class RecordingModel(ServedModel):
         return found
 
     def render_chat(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
-        ids = self.episode().continued_prompt(self.tokenizer, self.parser, messages, tools)
+        episode = self.episode()
         self._chat.value = (messages, tools)
-        return ids if ids is not None else super().render_chat(messages, tools)
+        with self._tokenizing:
+            ids = episode.continued_prompt(self.tokenizer, self.parser, messages, tools)
+            return ids if ids is not None else super().render_chat(messages, tools)
 
     def encode(self, text: str) -> list[int]:
         self._chat.value = None
-        return super().encode(text)
+        with self._tokenizing:
+            return super().encode(text)
 
     def max_new_tokens(self, prompt_ids: list[int], max_tokens: int | None, param: str) -> int:
         """At most the rollout's per-request budget and the context's room, never an error:
