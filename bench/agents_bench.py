@@ -100,6 +100,7 @@ def main() -> None:
     parser.add_argument("--tool-latency", type=float, default=0.05)
     parser.add_argument("--kv-gib", type=float, default=20.0)
     parser.add_argument("--sync", action="store_true", help="a sync agent on threads")
+    parser.add_argument("--cpu-kv-mib", type=float, default=0.0, help="fixed KV pool on a CPU")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     args = parser.parse_args()
 
@@ -110,6 +111,8 @@ def main() -> None:
     tok.chat_template = TEMPLATE
     model = load_model(source, device, dtype).eval()
     kv = int(args.kv_gib * 2**30) if device.type == "cuda" else None
+    if device.type == "cpu" and args.cpu_kv_mib:  # a fixed pool: the continuous mode on a CPU
+        kv = int(args.cpu_kv_mib * 2**20)
     engine = PagedEngine(model, tok, kv_cache_bytes=kv)
     tasks = tasks_of(args.prompts, args.prompt_len, model.config.vocab_size)
     n, episodes = args.samples, args.prompts * args.samples

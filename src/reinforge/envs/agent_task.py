@@ -11,6 +11,7 @@ loads: a typo is a `ConfigError` naming `task.agent`.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -68,9 +69,20 @@ def load_agent(ref: str, agent_args: dict[str, Any]) -> Callable[..., Any]:
     return fn
 
 
+def check_agent_extra() -> None:
+    """The endpoint's HTTP layer and the client agents get: the `agent` extra."""
+    missing = [m for m in ("fastapi", "uvicorn", "openai") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigError(
+            f'task.name = "agent" serves the policy to the agent over HTTP and gives it an openai '
+            f"client, which need {', '.join(missing)}: pip install 'reinforge[agent]'"
+        )
+
+
 def build_agent_task(cfg) -> AgentTasks:
     from reinforge.tasks.dataset import load_dataset_source
 
+    check_agent_extra()
     agent = load_agent(cfg.agent, cfg.agent_args)
     require_answer = cfg.require_answer if cfg.require_answer is not None else False
     rows = cfg.model_copy(update={"require_answer": require_answer})

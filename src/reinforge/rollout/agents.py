@@ -29,7 +29,7 @@ from typing import Any
 from reinforge.data.chat import eos_ids, render_prompt
 from reinforge.engine.base import Engine, SamplingParams
 from reinforge.envs.agent_task import AgentTasks
-from reinforge.errors import ConfigError, RunFailure
+from reinforge.errors import RunFailure
 from reinforge.faults import RewardErrors
 from reinforge.rollout.segments import Segment, assemble
 from reinforge.types import Completion, Group, Task, Trajectory
@@ -114,43 +114,30 @@ _ENDPOINTS: dict[int, Any] = {}
 def endpoint_for(engine: Engine, tokenizer):
     """The process's endpoint over `engine` (started on first use, kept while the engine lives)."""
     if id(engine) not in _ENDPOINTS:
-        try:
-            from reinforge.server.in_process import AgentEndpoint
-        except ConfigError as e:
-            raise ConfigError(
-                f'task.name = "agent" serves the policy over HTTP: {e}. Install the agent '
-                "extra: pip install 'reinforge[agent]'"
-            ) from None
+        # (the agent extra is checked when the task is built: envs.agent_task.check_agent_extra)
+        from reinforge.server.in_process import AgentEndpoint
+
         _ENDPOINTS[id(engine)] = (engine, AgentEndpoint(engine, tokenizer, 1 << 30))
     return _ENDPOINTS[id(engine)][1]
 
 
 async def _run_all(endpoint, agent_tasks: AgentTasks, tasks, n: int, max_concurrent: int):
-    import httpx
-
     gate = asyncio.Semaphore(max_concurrent)
     pool = None if agent_tasks.is_async else ThreadPoolExecutor(max_concurrent, "agent")
-    # one connection pool for every episode's client (a client of its own costs ~80 ms: TLS
-    # setup, though the endpoint is plain HTTP)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=2 * max_concurrent)
-    timeout = httpx.Timeout(agent_tasks.timeout_s)
-    http = (httpx.AsyncClient if agent_tasks.is_async else httpx.Client)(
-        limits=limits, timeout=timeout
-    )
     try:
         runs = [
-            [_run_one(endpoint, agent_tasks, task, k, gate, pool, http) for k in range(n)]
+            [_run_one(endpoint, agent_tasks, task, k, gate, pool) for k in range(n)]
             for task in tasks
         ]
         flat = await asyncio.gather(*(run for group in runs for run in group))
     finally:
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)  # a hung agent keeps its thread
-        await _close(http)
     return [flat[i * n : (i + 1) * n] for i in range(len(tasks))]
 
 
-async def _run_one(endpoint, agent_tasks: AgentTasks, task: Task, k: int, gate, pool, http):
+async def _run_one(endpoint, agent_tasks: AgentTasks, task: Task, k: int, gate, pool):
+    import httpx
     import openai
 
     async with gate:
@@ -158,7 +145,10 @@ async def _run_one(endpoint, agent_tasks: AgentTasks, task: Task, k: int, gate, 
         endpoint.open_episode(key, agent_tasks.max_turns)
         endpoint.batcher.agent_started()
         url, timeout = endpoint.base_url(key), agent_tasks.timeout_s
-        maker = openai.AsyncOpenAI if agent_tasks.is_async else openai.OpenAI
+        is_async = agent_tasks.is_async
+        # plain HTTP to the loopback: no TLS context to build (the default costs ~0.1 s a client)
+        http = (httpx.AsyncClient if is_async else httpx.Client)(verify=False, timeout=timeout)
+        maker = openai.AsyncOpenAI if is_async else openai.OpenAI
         client = maker(
             base_url=url, api_key="reinforge", max_retries=0, timeout=timeout, http_client=http
         )
@@ -178,6 +168,7 @@ async def _run_one(endpoint, agent_tasks: AgentTasks, task: Task, k: int, gate, 
             beat()  # an episode ended: progress, for the hang watchdog
             endpoint.batcher.agent_finished()
             episode.records = list(endpoint.close_episode(key).records)
+            await _close(http)
         if episode.failure is None and not episode.records:
             episode.failure, episode.error = "no_request", "the agent made no request"
         return episode
