@@ -324,6 +324,63 @@ class UserEnvTaskConfig(EnvTaskConfig, DatasetRowsSection):
         return f"{module}:rows"
 
 
+class AgentTaskConfig(EnvTaskConfig, DatasetRowsSection):
+    name: Literal["agent"] = "agent"
+    """Your agent, written against the `openai` client, trained unchanged: for each row and
+    sample, reinforge calls `agent` with a client bound to the policy (an OpenAI-compatible
+    endpoint served in-process by the engine) and trains on the exact tokens of its requests
+    (docs/agents.md). Rows come from `path`, read as `[task] name = "dataset"` reads them."""
+    agent: str = Field(min_length=1)
+    """The agent function: "path/to/agent.py:run" or "package.module:run", sync or async, called
+    as `run(agent, **agent_args)` with an `AgentContext` (`.client`, `.model`, `.messages`,
+    `.answer`, ...); it returns the reward (a number) or named reward components (a dict)."""
+    agent_args: dict[str, Any] = {}
+    """Keyword arguments for the agent function, e.g. {max_steps = 4}."""
+    max_turns: int = Field(32, ge=1, le=10_000)
+    """Most requests one episode (one call of the agent) may make; further requests are refused
+    with an error the agent sees (HTTP 400)."""
+    agent_timeout_s: float = Field(300.0, gt=0.0)
+    """Wall-clock limit of one agent call, requests included. Past it the episode fails
+    (`agent_failed_timeout`) and its later requests are refused."""
+    on_agent_failure: Literal["zero", "drop"] = "zero"
+    """An agent that raises, times out, makes no request or returns something other than a
+    number (or a dict of numbers): "zero" scores its episode 0 in its group (its tokens out of
+    the loss); "drop" leaves the episode out of its group (groups of uneven size)."""
+    max_failed_agent_share: float = Field(0.5, ge=0.0, le=1.0)
+    """The run stops with an error when more than this share of a step's agents fail (1.0:
+    never)."""
+    reward_components: list[str] = []
+    """Names of the components the agent returns in a dict besides "reward" (the "env"
+    component), so `task.rewards` can weigh them, e.g. ["format", "tool_use"]."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _has_path(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("path"):
+            raise ValueError(
+                'task.path is required with task.name = "agent": the rows the agent is called '
+                'with, e.g. task.path = "questions.jsonl" (read as name = "dataset" reads it)'
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> AgentTaskConfig:
+        if ":" not in self.agent:
+            raise ValueError(
+                f'task.agent = {self.agent!r} names no function: write "path/to/agent.py:run" '
+                'or "package.module:run"'
+            )
+        if self.reward != "auto" or self.reward_by_source:
+            raise ValueError(
+                'task.reward and task.reward_by_source do not apply with name = "agent": the '
+                'agent scores its episodes ("env"); weigh other rewards in task.rewards'
+            )
+        from reinforge.data.spec import check_spec
+
+        check_spec(self.to_spec(require_answer=False))
+        return self
+
+
 ENV_TASK_CONFIGS = (
     ToolArithmeticTaskConfig,
     HtmlTaskConfig,
@@ -331,8 +388,9 @@ ENV_TASK_CONFIGS = (
     GameTaskConfig,
     ToolsTaskConfig,
     UserEnvTaskConfig,
+    AgentTaskConfig,
 )
 
 
 def is_env_task(task_cfg: object) -> bool:
-    return isinstance(task_cfg, EnvTaskConfig)  # the agent task's section too (config_tasks.py)
+    return isinstance(task_cfg, ENV_TASK_CONFIGS)

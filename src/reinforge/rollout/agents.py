@@ -137,7 +137,6 @@ async def _run_all(endpoint, agent_tasks: AgentTasks, tasks, n: int, max_concurr
 
 
 async def _run_one(endpoint, agent_tasks: AgentTasks, task: Task, k: int, gate, pool):
-    import httpx
     import openai
 
     async with gate:
@@ -147,7 +146,9 @@ async def _run_one(endpoint, agent_tasks: AgentTasks, task: Task, k: int, gate, 
         url, timeout = endpoint.base_url(key), agent_tasks.timeout_s
         is_async = agent_tasks.is_async
         # plain HTTP to the loopback: no TLS context to build (the default costs ~0.1 s a client)
-        http = (httpx.AsyncClient if is_async else httpx.Client)(verify=False, timeout=timeout)
+        http = (openai.DefaultAsyncHttpxClient if is_async else openai.DefaultHttpxClient)(
+            verify=False, timeout=timeout
+        )
         maker = openai.AsyncOpenAI if is_async else openai.OpenAI
         client = maker(
             base_url=url, api_key="reinforge", max_retries=0, timeout=timeout, http_client=http
