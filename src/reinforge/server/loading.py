@@ -66,10 +66,8 @@ def serve(
     limits: ServerLimits | None = None,
 ) -> None:
     """Load `model_path` and serve it over HTTP until interrupted (`reinforge serve MODEL`)."""
-    import uvicorn
-
     from reinforge.envs.parsers import get_parser
-    from reinforge.server.app import create_app
+    from reinforge.server.app import create_app  # without the serve extra: a ConfigError saying so
 
     if tool_parser != "auto":
         get_parser(tool_parser)  # a bad name fails before the model loads
@@ -90,4 +88,6 @@ def serve(
         port,
     )
     app = create_app(served, tool_parser, limits)
+    import uvicorn
+
     uvicorn.run(app, host=host, port=port, log_level=log_level)
