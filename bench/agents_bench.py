@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE))
 from episodes_bench import TEMPLATE, ToolTurnsEnv, tasks_of  # noqa: E402
 
 from reinforge.engine.paged import PagedEngine  # noqa: E402
-from reinforge.envs.agent_task import AgentEnv, AgentTasks  # noqa: E402
+from reinforge.envs.agent_task import AgentEnv, AgentTasks, check_agent_extra  # noqa: E402
 from reinforge.envs.env_tasks import EnvTasks, EpisodeScorer  # noqa: E402
 from reinforge.rewards.mix import RewardSpec  # noqa: E402
 from reinforge.rollout.agents import endpoint_for, play_agents  # noqa: E402
@@ -103,6 +103,7 @@ def main() -> None:
     parser.add_argument("--cpu-kv-mib", type=float, default=0.0, help="fixed KV pool on a CPU")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     args = parser.parse_args()
+    check_agent_extra()  # fastapi, uvicorn, openai: carry their wheels to the GPU machine
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
