@@ -120,8 +120,9 @@ def rollout_seed(cfg, step: int, round_index: int) -> int:
 
 
 def has_signal(groups: list[Group]) -> list[bool]:
-    rewards_GN = torch.tensor([[t.reward for t in g.trajectories] for g in groups])
-    return filter_zero_variance_groups(rewards_GN).tolist()
+    rewards_B = torch.tensor([t.reward for g in groups for t in g.trajectories])
+    sizes = [len(g.trajectories) for g in groups]
+    return filter_zero_variance_groups(rewards_B, group_sizes=sizes).tolist()
 
 
 def generator_rank() -> int:
