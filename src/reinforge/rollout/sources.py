@@ -7,17 +7,20 @@ signal. `LocalRollouts` runs it here; `RemoteRollouts` is a trainer's side of th
 mode (`distributed.mode = "disaggregated"`), where the last rank runs it for everyone and the
 trainers send their weights back (the generator's loop: `train/disaggregated.py`).
 
-The disaggregated protocol (blocking messages; rollouts point to point, weights broadcast from
-rank 0 to the generator over `distributed.link_group`):
+The disaggregated protocol (blocking messages in one order on both sides; rollouts point to
+point, weights broadcast from rank 0 to the generator over `distributed.link_group`):
 
-    generator, step s:  sample rollout(s); then, after the first step, receive the weights of
-                        step s - 1 (or a stop); send each trainer its share of rollout(s)
     trainer, step s:    after the first step, send the weights of step s - 1 (all trainers
                         gather them; the first sends); receive rollout(s); train step s
+    generator, step s:  after the first step, receive the weights of step s - 1 (or a stop);
+                        sample rollout(s) unless it is queued; send each trainer its share;
+                        sample ahead, up to rollout(s + k), while the trainers train
 
-So step s trains on samples from the weights of step s - 2: one optimizer step stale
-(`rollout_staleness`: 0 on the first step after a start or resume, then 1). Only the trainable
-tensors travel: the whole model in full fine-tuning, the adapters under LoRA.
+With k = `distributed.rollout_staleness`, rollout(t) is sampled from the weights of step
+t - 1 - k or later, so step s trains on samples up to k optimizer steps old (`rollout_staleness`
+= s - 1 - `rollout_weights_step`: 0 on the first step after a start or resume, then one more
+each step up to k; the order of the messages fixes it, not timing). k = 0 is on-policy. Only the trainable tensors travel: the whole model in
+full fine-tuning, the adapters under LoRA. The generator's loop: `train/disaggregated.py`.
 """
 
 from __future__ import annotations
@@ -137,6 +140,7 @@ class Rollout:
     metrics: dict[str, float]  # the sampling's own (rounds, reward errors, generation time)
     data_position: int  # after this step's prompts
     weights_step: int  # the optimizer step whose weights sampled it
+    step: int  # the training step it is for
 
 
 class LocalRollouts:
@@ -163,9 +167,14 @@ class RemoteRollouts:
         received: list = [None]
         torch.distributed.recv_object_list(received, src=generator_rank())
         rollout: Rollout = received[0]
+        assert rollout.step == step, (rollout.step, step)
         state.data_position = rollout.data_position
         self.generator_waits = step < self.max_steps
-        metrics = {**rollout.metrics, "rollout_staleness": float(step - 1 - rollout.weights_step)}
+        metrics = {
+            **rollout.metrics,
+            "rollout_staleness": float(step - 1 - rollout.weights_step),
+            "rollout_weights_step": float(rollout.weights_step),
+        }
         return rollout.groups, rollout.groups, metrics
 
     def close(self) -> None:
