@@ -280,7 +280,8 @@ def test_staleness_2_lags_two_steps_and_a_resume_drops_the_queue(runs):
     more steps. At the save the generator had rollout(3) queued, sampled by the weights of step
     1: the resume drops it and samples step 3 again from the checkpoint's weights (staleness 0,
     kl_sampler 0, the same prompts: the data position continues with no gap), then runs ahead:
-    step 4 one step behind, step 5 two (the weights of step 2 sample rollouts 3, 4 and 5)."""
+    rollout(4) comes from the same weights (1 step behind), rollout(5) from them or, when the
+    trainer's step 3 arrived first, from its weights (2 or 1 steps behind; never more)."""
     root, common, _, _ = runs
     k1 = root / "disaggregated"
     if not (k1 / "checkpoints" / "step_000002").is_dir():  # this test run alone
@@ -290,11 +291,12 @@ def test_staleness_2_lags_two_steps_and_a_resume_drops_the_queue(runs):
     torchrun = [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "reinforge", "train"]
     launch([*torchrun, *common, *K1, *changes, "--resume", str(resumed), "--allow-changes"])
     got = rl_metrics(resumed)
-    assert [got[s]["rollout_staleness"] for s in (3, 4, 5)] == [0.0, 1.0, 2.0]
-    assert [got[s]["rollout_weights_step"] for s in (3, 4, 5)] == [2.0, 2.0, 2.0]
+    assert [got[s]["rollout_staleness"] for s in (3, 4)] == [0.0, 1.0]
+    assert [got[s]["rollout_weights_step"] for s in (3, 4)] == [2.0, 2.0]
+    assert got[5]["rollout_weights_step"] in (2.0, 3.0)
+    assert got[5]["rollout_staleness"] == 4.0 - got[5]["rollout_weights_step"]
     assert [got[s]["data_position"] for s in (3, 4, 5)] == [12.0, 16.0, 20.0]
     assert abs(got[3]["kl_sampler"]) < 1e-6  # fresh: sampled by the checkpoint's weights
     for step in (4, 5):
         assert got[step]["kl_sampler"] > 1e-4
         assert np.isfinite(got[step]["loss"])
-    assert got[5]["kl_sampler"] > got[4]["kl_sampler"]  # two updates apart, then one

@@ -12,19 +12,20 @@ point, weights broadcast from rank 0 to the generator over `distributed.link_gro
 
     trainer, step s:    after the first step, send the weights of step s - 1 (all trainers
                         gather them; the first sends); receive rollout(s); train step s
-    generator, step s:  after the first step, receive the weights of step s - 1 (or a stop);
-                        sample rollout(s) unless it is queued; send each trainer its share;
-                        sample ahead, up to rollout(s + k), while the trainers train
+    generator, step s:  (its link thread) after the first step, receive the weights of step
+                        s - 1 (or a stop); send each trainer its share of rollout(s) once it is
+                        sampled; meanwhile its sampling thread samples ahead
 
 With k = `distributed.rollout_staleness`, rollout(t) is sampled from the weights of step
-t - 1 - k or later, so step s trains on samples up to k optimizer steps old (`rollout_staleness`
-= s - 1 - `rollout_weights_step`: 0 on the first step after a start or resume, then one more
-each step up to k; the order of the messages fixes it, not timing). k = 0 is on-policy. Only the trainable tensors travel: the whole model in
-full fine-tuning, the adapters under LoRA. The generator's loop: `train/disaggregated.py`.
+t - 1 - k or later (the newest received), so step s trains on samples up to k optimizer steps
+old (`rollout_staleness` = s - 1 - `rollout_weights_step`: 0 on the first step after a start or
+resume). k = 0 is on-policy. Only the trainable tensors travel: the whole model in full
+fine-tuning, the adapters under LoRA. The generator's side: `train/disaggregated.py`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -208,15 +209,20 @@ def send_weights(model, go: bool) -> None:
                 torch.distributed.broadcast(tensor.data, src=FIRST_TRAINER_RANK, group=link_group())
 
 
-def receive_weights(model) -> bool:
-    """The generator: the trainers' weights into its own model, in place (its engine reads them
-    there); False when the trainers stopped instead."""
+def receive_weights(tensors: list[torch.Tensor], lock=None, on_received=None) -> bool:
+    """The generator: the trainers' weights into `tensors` (the model's own trainable tensors,
+    which its engine reads in place, or a staging copy of them); False when the trainers
+    stopped instead. The tensors arrive holding `lock`, and `on_received` runs before it is
+    released (the generator's link thread marks the staged weights' step)."""
     flag = torch.tensor([0])
     torch.distributed.broadcast(flag, src=FIRST_TRAINER_RANK, group=link_group())
     if not flag.item():
         return False
-    for tensor in trainable(model):
-        torch.distributed.broadcast(tensor.data, src=FIRST_TRAINER_RANK, group=link_group())
+    with lock if lock is not None else contextlib.nullcontext():
+        for tensor in tensors:
+            torch.distributed.broadcast(tensor.data, src=FIRST_TRAINER_RANK, group=link_group())
+        if on_received is not None:
+            on_received()
     return True
 
 
