@@ -54,3 +54,41 @@ def test_preflight_names_the_staleness_and_warns_only_when_uncorrected(monkeypat
     assert any("leaves that uncorrected" in w for w in pf.warnings) == warns
     corrected = run_preflight(load_config(TrainConfig, None, [*overrides, "algorithm.tis_cap=2"]))
     assert not any("leaves that uncorrected" in w for w in corrected.warnings)
+
+
+def test_the_sampler_waits_for_weights_k_steps_old_and_loads_the_newest():
+    """The generator's sampling side (`Lookahead.take_weights`), with the link thread's part
+    played by hand: rollout(t) waits for the weights of step t - 1 - k, then samples with the
+    newest staged; a stop wakes it."""
+    import threading
+
+    import torch
+
+    from reinforge.train.disaggregated import Lookahead
+
+    model = [torch.zeros(3)]
+    ahead = Lookahead(model, weights_step=0, staleness=2)
+    assert ahead.staging[0] is not model[0]  # weights arrive beside the model while it samples
+    assert all(ahead.take_weights(t) for t in (1, 2, 3)) and ahead.weights_step == 0
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(ahead.take_weights(4)))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive()  # rollout(4) needs the weights of step 1
+    with ahead.changed:
+        ahead.staging[0].fill_(1.0)
+        ahead.staged(1)
+    waiter.join(10)
+    assert got == [True] and ahead.weights_step == 1 and model[0].tolist() == [1.0] * 3
+    with ahead.changed:  # steps 2 and 3 arrived while rollout(4) was sampled: the newest wins
+        ahead.staging[0].fill_(3.0)
+        ahead.staged(3)
+    assert ahead.take_weights(5) and ahead.weights_step == 3 and model[0].tolist() == [3.0] * 3
+    waiter = threading.Thread(target=lambda: got.append(ahead.take_weights(7)))
+    waiter.start()  # needs step 4's weights; the trainers stop instead
+    with ahead.changed:
+        ahead.is_stopped = True
+        ahead.changed.notify_all()
+    waiter.join(10)
+    assert got == [True, False]
+    assert Lookahead(model, 0, staleness=0).staging is model  # k = 0: straight into the model
