@@ -181,8 +181,8 @@ def _check_distributed(cfg, pf: Preflight) -> None:
         return
     trainers = env_train_size(cfg)
     how = (
-        f"disaggregated: the last rank generates every rollout, {trainers} train on them one "
-        "step behind"
+        f"disaggregated: the last rank generates every rollout, {trainers} train on them up to "
+        f"{cfg.distributed.staleness} step(s) behind (distributed.rollout_staleness)"
         if disaggregated
         else "each generates for its share of the prompts and trains"
     )
@@ -234,10 +234,12 @@ def _check_distributed(cfg, pf: Preflight) -> None:
             f"{what} is not supported with several processes yet; use {instead}, or run on one "
             "process"
         )
-    if disaggregated and is_rl and not cfg.algorithm.tis_cap:
+    a = cfg.algorithm if is_rl else None
+    if disaggregated and a and cfg.distributed.staleness and not (a.tis_cap or a.mis_high):
         pf.warnings.append(
-            "distributed.mode = 'disaggregated' trains on rollouts one step stale, and "
-            "algorithm.tis_cap = 0 leaves that uncorrected; set algorithm.tis_cap = 2.0 "
+            f"distributed.mode = 'disaggregated' trains on rollouts up to "
+            f"{cfg.distributed.staleness} step(s) stale, and algorithm.tis_cap = 0 (no "
+            "mis_high either) leaves that uncorrected; set algorithm.tis_cap = 2.0 "
             "(truncated importance sampling)"
         )
     if cfg.checkpoint.async_save:

@@ -33,9 +33,8 @@ from reinforge.algorithms.table import PRESETS, Preset
 
 __all__ = ["ADVANTAGES", "POLICY_LOSSES", "PRESETS", "Preset", "policy_loss_settings"]
 
-AdvantageFn = Callable[
-    [torch.Tensor, str, float], torch.Tensor
-]  # (rewards_GN, scale, eps) -> [G, N]
+# (rewards [G, N], scale, eps) -> [G, N]; or (rewards [B], scale, eps, group_sizes) -> [B]
+AdvantageFn = Callable[..., torch.Tensor]
 PolicyLossFn = Callable[[LossInputs, PolicyLossSettings], tuple[torch.Tensor, dict]]
 
 ADVANTAGES: dict[str, AdvantageFn] = {

@@ -8,7 +8,8 @@ Per RL step (metrics.jsonl, the console):
   `POLICY_PROBE_SEQS` sequences of the step's first micro-batch (about 1/12 of the update's
   compute at 64 of 256 sequences). "Before" is the sampler's logprobs: on one device with one
   update per step that is the policy before the update (`kl_sampler` is their difference; in a
-  disaggregated run they are a step older, so the figure holds two steps' change).
+  disaggregated run they are up to `distributed.rollout_staleness` steps older, so the figure
+  holds that many more steps' change).
   `policy_ratio_low_frac` / `policy_ratio_high_frac`: tokens whose probability moved below
   1 - clip_low / above 1 + clip_high times its old value in that one step (a second epoch on the
   batch would clip them; with one update per step the clip never acts, so nothing but the
