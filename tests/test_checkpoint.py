@@ -6,15 +6,14 @@ import pytest
 import torch
 
 from reinforge.checkpoint import (
-    TMP_PREFIX,
     TrainerState,
     check_disk_room,
     checkpoint_bytes,
-    latest_checkpoint,
     load_trainer_state,
     prepare_resume,
     save_checkpoint,
 )
+from reinforge.checkpoint_files import TMP_PREFIX, latest_checkpoint
 from reinforge.checkpoint_manifest import (
     MANIFEST,
     CheckpointDamaged,

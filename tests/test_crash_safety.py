@@ -8,15 +8,17 @@ import pytest
 import torch
 
 from reinforge.checkpoint import (
-    TMP_PREFIX,
     NonFiniteState,
     TrainerState,
-    checkpoints_dir,
-    clean_incomplete,
-    latest_checkpoint,
     load_trainer_state,
     save_checkpoint,
     wait_for_saves,
+)
+from reinforge.checkpoint_files import (
+    TMP_PREFIX,
+    checkpoints_dir,
+    clean_incomplete,
+    latest_checkpoint,
 )
 from reinforge.faults import FaultPlan, InjectedFault, install
 from reinforge.models.tiny import builtin_path

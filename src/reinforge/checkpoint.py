@@ -29,7 +29,6 @@ The contract:
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,13 +39,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from reinforge.checkpoint_manifest import OnDamaged, choose_intact, write_manifest
+from reinforge.checkpoint_files import (
+    EXTRA_STATE_FILE,
+    TMP_PREFIX,
+    checkpoint_order,
+    checkpoints_dir,
+    clean_incomplete,
+    publish,
+    read_latest,
+    rng_file,
+    write_atomic,
+)
+from reinforge.checkpoint_manifest import OnDamaged, choose_intact
 from reinforge.distributed import any_rank, is_distributed, local_tensor, rank
 from reinforge.errors import RunFailure
 from reinforge.faults import maybe_fail
-
-TMP_PREFIX = ".tmp-"
-EXTRA_STATE_FILE = "algorithm_state.pt"
 
 
 class NonFiniteState(RunFailure):
@@ -74,10 +81,6 @@ class _Snapshot:
     extra_state: dict | None
     rng: dict
     state: dict
-
-
-def checkpoints_dir(run_dir: Path) -> Path:
-    return run_dir / "checkpoints"
 
 
 def checkpoint_bytes(model, optimizer_state_bytes: int) -> int:
@@ -136,7 +139,7 @@ def save_checkpoint(
     asynchronous, once the next save or `wait_for_saves` returns). `rng` defaults to now's."""
     wait_for_saves()
     root = checkpoints_dir(run_dir)
-    assert _read_latest(root) != name, f"checkpoint {name} is `latest`; it is never rewritten"
+    assert read_latest(root) != name, f"checkpoint {name} is `latest`; it is never rewritten"
     check_finite(model, name)
     if is_distributed():  # every rank writes its shards (collective; never asynchronous)
         from reinforge.checkpoint_sharded import save_sharded
@@ -201,67 +204,20 @@ def _write(root: Path, name: str, snap: _Snapshot, keep_last: int | None) -> Pat
     return publish(root, name, keep_last)
 
 
-def publish(root: Path, name: str, keep_last: int | None) -> Path:
-    """Make the complete temporary folder of checkpoint `name` durable, rename it into place,
-    then move `latest` to it, and prune."""
-    tmp = root / f"{TMP_PREFIX}{name}"
-    write_manifest(tmp)
-    _fsync_dir(tmp)
-    maybe_fail("checkpoint")  # drills: a crash with every file written, before the rename
-    final = root / name
-    if final.exists():  # left by a crash before `latest` moved to it: never the one loaded
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_parent(final)
-    maybe_fail("checkpoint")  # drills: a crash after the rename, before the pointer
-    _write_atomic(root / "latest", name)
-    if keep_last is not None:
-        _prune(root, keep_last, keep={name})
-    return final
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    root = checkpoints_dir(run_dir)
-    name = _read_latest(root)
-    if name is None:
-        return None
-    path = root / name
-    assert (path / "trainer_state.json").exists(), (
-        f"`latest` points at an incomplete checkpoint {path}"
-    )
-    return path
-
-
 def prepare_resume(run_dir: Path, on_damaged: OnDamaged = "previous") -> list[str]:
     """Before resuming (the main process): make `latest` name an intact checkpoint (its files
     against its manifest; `checkpoint_manifest.choose_intact`), then `clean_incomplete`.
     Returns what to report."""
     root = checkpoints_dir(run_dir)
-    latest = _read_latest(root)
+    latest = read_latest(root)
     assert latest is not None, f"nothing to resume in {root}"
-    chosen, notes = choose_intact(root, latest, on_damaged, _order)
+    chosen, notes = choose_intact(root, latest, on_damaged, checkpoint_order)
     if chosen != latest:
-        _write_atomic(root / "latest", chosen)
+        write_atomic(root / "latest", chosen)
     removed = clean_incomplete(run_dir)
     if removed:
         notes.append(f"resume: removed what a crash left unfinished: {', '.join(removed)}")
     return notes
-
-
-def clean_incomplete(run_dir: Path) -> list[str]:
-    """Before resuming: remove half-written folders and checkpoints newer than `latest` (a crash
-    between a rename and the pointer; the resumed run writes them again). Returns their names."""
-    root = checkpoints_dir(run_dir)
-    latest = _read_latest(root)
-    assert latest is not None, f"nothing to resume in {root}"
-    removed = []
-    for path in sorted(root.iterdir()):
-        is_tmp = path.name.startswith(TMP_PREFIX) or path.name == "latest.tmp"
-        is_newer = path.is_dir() and _order(path.name) > _order(latest)
-        if is_tmp or is_newer:
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
-            removed.append(path.name)
-    return removed
 
 
 def load_trainer_state(ckpt: Path) -> TrainerState:
@@ -304,11 +260,6 @@ def rng_state() -> dict:
     return state
 
 
-def rng_file(ckpt: Path, rank: int) -> Path:
-    """Rank 0's RNG states (the only ones of a single-process run) are `rng.pt`."""
-    return ckpt / ("rng.pt" if rank == 0 else f"rng_rank{rank}.pt")
-
-
 def restore_rng(ckpt: Path) -> None:
     """This rank's RNG states; a rank the saving run did not have takes rank 0's."""
     path = rng_file(ckpt, rank())
@@ -348,61 +299,3 @@ def _writer() -> ThreadPoolExecutor:
     if _executor is None:
         _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reinforge-checkpoint")
     return _executor
-
-
-def _read_latest(root: Path) -> str | None:
-    pointer = root / "latest"
-    return pointer.read_text().strip() if pointer.exists() else None
-
-
-def _order(name: str) -> tuple[int, int]:
-    """Where a checkpoint name sits in a run: SFT steps, the SFT result, then RL steps."""
-    kind, _, step = name.rpartition("_")
-    if name == "sft_final":
-        return (1, 0)
-    if kind in ("sft_step", "step") and step.isdigit():
-        return (0 if kind == "sft_step" else 2, int(step))
-    return (-1, 0)  # not a checkpoint folder this module writes: never removed as newer
-
-
-def _prune(root: Path, keep_last: int, keep: set[str]) -> None:
-    """Keep the newest `keep_last` folders of the saved one's kind (`step_*` or `sft_step_*`)."""
-    (saved,) = keep
-    family = saved.rstrip("0123456789")
-    steps = sorted(p for p in root.glob(f"{family}*") if p.is_dir())
-    for old in steps[:-keep_last]:
-        if old.name not in keep:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_parent(path)
-
-
-def _fsync_dir(path: Path) -> None:
-    for p in path.iterdir():
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-    _fsync_folder(path)
-
-
-def _fsync_parent(path: Path) -> None:
-    _fsync_folder(path.parent)
-
-
-def _fsync_folder(path: Path) -> None:
-    """Make the names in a folder (a rename, a new file) durable: fsync the folder (POSIX)."""
-    if os.name != "posix":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from reinforge.checkpoint import EXTRA_STATE_FILE, TMP_PREFIX, publish, rng_file
+from reinforge.checkpoint_files import EXTRA_STATE_FILE, TMP_PREFIX, publish, rng_file
 from reinforge.distributed import barrier, is_main, rank, train_group
 
 DCP_DIR = "dcp"

@@ -49,7 +49,8 @@ def estimate_run(cfg) -> Estimate:
         resolve_device,
         resolve_dtype,
     )
-    from reinforge.train.memory import plan_run, probe_lengths
+    from reinforge.train.lengths import probe_lengths
+    from reinforge.train.memory import plan_run
     from reinforge.train.optim import build_optimizer
     from reinforge.train.sft import sft_examples, sft_step
 

@@ -25,7 +25,7 @@ from reinforge.train.advantage_step import build_step_batch
 from reinforge.train.common import load_model, load_tokenizer
 from reinforge.train.demos import demonstration, demonstration_examples
 from reinforge.train.forward import completion_rows
-from reinforge.train.memory import probe_lengths
+from reinforge.train.lengths import probe_lengths
 from reinforge.types import Completion, Group, Task, Trajectory
 
 GAME = [

@@ -9,7 +9,8 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from reinforge.checkpoint import TrainerState, checkpoints_dir, save_checkpoint
+from reinforge.checkpoint import TrainerState, save_checkpoint
+from reinforge.checkpoint_files import checkpoints_dir
 from reinforge.config import SFTConfig, load_config, to_toml
 from reinforge.run import RunContext, Stopped
 from reinforge.train.sft_run import run_sft

@@ -39,8 +39,8 @@ from pathlib import Path
 
 from reinforge.config_envs import is_env_task
 from reinforge.distributed import env_local_world_size, env_train_size
-from reinforge.envs.env_tasks import EnvTasks
 from reinforge.errors import ConfigError
+from reinforge.train.lengths import Lengths
 from reinforge.train.planner import (
     GOOD_MICRO_TOKENS,
     ModelShape,
@@ -57,7 +57,6 @@ from reinforge.train.planner import (
 # peak, in all of them). With the block-diagonal mask, 512 was best (0.96 s): L^2 attention.
 CPU_MAX_MICRO_TOKENS = 2048
 DEFAULT_MICRO_TOKENS = 8192
-NUM_TRAIN_PROMPTS_PROBED = 512
 REQUIRED_CONFIG_KEYS = (
     "hidden_size",
     "intermediate_size",
@@ -260,35 +259,6 @@ def resolve_memory(cfg, choice: MemoryChoice) -> None:
         cfg.distributed.accumulate_unsharded = choice.accumulate_unsharded
         if choice.num_shards > 1:
             cfg.distributed.strategy = "replicate" if choice.replicated else "fsdp"
-
-
-@dataclass(frozen=True)
-class Lengths:
-    longest_prompt: int
-    longest_solution: int  # reference solution + EOS (what SFT trains on); 0 without solutions
-    num_probed: int
-
-
-def probe_lengths(cfg, tokenizer) -> Lengths:
-    """Token lengths over the held-out tasks and the first `NUM_TRAIN_PROMPTS_PROBED` training
-    tasks."""
-    from reinforge.data.chat import eos_ids, render_prompt
-    from reinforge.tasks import task_source_for
-
-    tasks = task_source_for(cfg, tokenizer)
-    if isinstance(tasks, EnvTasks):  # prompts as the env opens them; reference episodes for SFT
-        from reinforge.preflight import model_context
-        from reinforge.train.demos import episode_lengths
-
-        return episode_lengths(cfg, tokenizer, tasks, model_context(cfg)[0])
-    probe = tasks.eval_tasks() + [tasks.train_task(i) for i in range(NUM_TRAIN_PROMPTS_PROBED)]
-    solutions = [t.solution for t in probe if t.solution is not None]
-    return Lengths(
-        max(len(render_prompt(tokenizer, t.messages)) for t in probe),
-        max((len(tokenizer.encode(s, add_special_tokens=False)) for s in solutions), default=0)
-        + len(eos_ids(tokenizer)),
-        len(probe),
-    )
 
 
 def plan_run(cfg, tokenizer, lengths: Lengths, resumed_micro_tokens: int | None = None):

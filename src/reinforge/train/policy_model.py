@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reinforge.checkpoint import TrainerState, checkpoints_dir
+from reinforge.checkpoint import TrainerState
+from reinforge.checkpoint_files import checkpoints_dir
 from reinforge.metrics import console
 from reinforge.train.common import load_model, model_source
 from reinforge.train.memory import lora_alpha

@@ -14,7 +14,8 @@ import math
 import time
 
 from reinforge import faults, watchdog
-from reinforge.checkpoint import TrainerState, latest_checkpoint, rng_state, wait_for_saves
+from reinforge.checkpoint import TrainerState, rng_state, wait_for_saves
+from reinforge.checkpoint_files import latest_checkpoint
 from reinforge.config import TrainConfig
 from reinforge.distributed import (
     any_rank,

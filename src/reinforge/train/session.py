@@ -17,12 +17,11 @@ from reinforge.checkpoint import (
     TrainerState,
     check_disk_room,
     checkpoint_bytes,
-    checkpoints_dir,
-    latest_checkpoint,
     load_optimizer,
     load_trainer_state,
     save_checkpoint,
 )
+from reinforge.checkpoint_files import checkpoints_dir, latest_checkpoint
 from reinforge.distributed import any_rank, is_generator, is_main, shard_model, share
 from reinforge.engine.base import Engine
 from reinforge.engine.factory import build_engine
@@ -31,7 +30,8 @@ from reinforge.metrics import MetricsLogger, NullLogger, console
 from reinforge.run import RunContext, Stopped
 from reinforge.train.common import load_tokenizer, model_source, resolve_device, resolve_dtype
 from reinforge.train.forward import packed_logprobs
-from reinforge.train.memory import plan_run, probe_lengths, resolve_memory
+from reinforge.train.lengths import probe_lengths
+from reinforge.train.memory import plan_run, resolve_memory
 from reinforge.train.nonfinite import enforce_non_finite_policy
 from reinforge.train.optim import STATE_DTYPES, build_optimizer
 from reinforge.train.policy_model import SFT_FINAL, attach_adapter, build_model, merge_adapter
