@@ -21,8 +21,8 @@ from reinforge.checkpoint_files import (
     latest_checkpoint,
 )
 from reinforge.faults import FaultPlan, InjectedFault, install
+from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.models.tiny import builtin_path
-from reinforge.train.common import load_model, load_tokenizer
 from reinforge.train.optim import build_optimizer
 
 

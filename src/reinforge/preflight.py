@@ -22,7 +22,7 @@ class Preflight:
 
 
 def run_preflight(cfg) -> Preflight:
-    from reinforge.train.common import load_tokenizer, model_source
+    from reinforge.models.loading import load_tokenizer, model_source
     from reinforge.train.lengths import model_context, probe_lengths
 
     pf = Preflight()

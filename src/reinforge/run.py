@@ -51,6 +51,10 @@ class Summary:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def run_dir_of(cfg) -> Path:
+    return Path(cfg.run.output_dir) / cfg.run.name
+
+
 class RunContext:
     """Under torchrun every process checks the run directory, the main one alone changes it, and
     the others wait until it has."""

@@ -5,12 +5,12 @@ import torch
 from reinforge.checkpoint import TrainerState
 from reinforge.config import TrainConfig, load_config
 from reinforge.data.chat import render_prompt
+from reinforge.models.loading import load_model, load_tokenizer, model_source
 from reinforge.rollout.sources import rollout_groups
 from reinforge.run import RunContext
 from reinforge.tasks.arithmetic import ArithmeticTasks
 from reinforge.train import rl
 from reinforge.train.advantage_step import Algorithm, assign_advantages, build_step_batch
-from reinforge.train.common import load_model, load_tokenizer, model_source
 from reinforge.train.learner import build_learner
 from reinforge.train.session import Policy, policy_engine
 

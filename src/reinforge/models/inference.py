@@ -100,7 +100,7 @@ def load_inference_model(ref: ModelRef, device, dtype):
     """(model in eval mode without gradients, tokenizer) for `ref`."""
     import torch
 
-    from reinforge.train.common import load_model, load_tokenizer
+    from reinforge.models.loading import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(str(ref.checkpoint or ref.source))
     if ref.adapter is None:

@@ -21,9 +21,9 @@ from reinforge.algorithms.value import ValueHead
 from reinforge.checkpoint import TrainerState, load_extra_state, load_optimizer, restore_rng
 from reinforge.config import TrainConfig
 from reinforge.distributed import in_lockstep, is_replicated, shard_model
+from reinforge.models.loading import load_model, model_source
 from reinforge.run import RunContext
 from reinforge.train.advantage_step import Algorithm, StepBatch
-from reinforge.train.common import load_model, model_source
 from reinforge.train.forward import completion_rows, micro_batches, packed_logprobs
 from reinforge.train.optim import STATE_DTYPES, build_optimizer
 from reinforge.train.packed_attention import select_packed_attention

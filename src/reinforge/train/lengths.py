@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from reinforge.envs.env_tasks import EnvTasks
 from reinforge.errors import ConfigError
+from reinforge.models.loading import model_source
 from reinforge.rollout.episodes import render
 from reinforge.rollout.trajectories import tools_to_render
-from reinforge.train.common import model_source
 from reinforge.train.demos import demo_episode, require_demonstrations
 
 NUM_TRAIN_PROMPTS_PROBED = 512

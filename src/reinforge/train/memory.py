@@ -265,7 +265,7 @@ def plan_run(cfg, tokenizer, lengths: Lengths, resumed_micro_tokens: int | None 
     """(MemoryChoice, LoraReport or None) for `cfg`, from the model's config.json alone."""
     from transformers import AutoConfig
 
-    from reinforge.train.common import model_source, resolve_device, resolve_dtype
+    from reinforge.models.loading import model_source, resolve_device, resolve_dtype
     from reinforge.train.lora import bind_on_meta
 
     source = model_source(cfg.model.path, cfg.run.seed)

@@ -17,7 +17,7 @@ from pathlib import Path
 from reinforge.checkpoint import TrainerState
 from reinforge.checkpoint_files import checkpoints_dir
 from reinforge.metrics import console
-from reinforge.train.common import load_model, model_source
+from reinforge.models.loading import load_model, model_source
 from reinforge.train.memory import lora_alpha
 from reinforge.train.packed_attention import select_packed_attention
 

@@ -34,8 +34,12 @@ from reinforge.rollout.trajectories import episode_metrics, tool_use_notes
 from reinforge.run import RunContext, Stopped, Summary
 from reinforge.tasks import task_source_for
 from reinforge.train.advantage_step import assign_advantages, build_step_batch
-from reinforge.train.common import device_memory_metrics
-from reinforge.train.diagnostics import headroom_eval, headroom_text, learning_notes
+from reinforge.train.diagnostics import (
+    device_memory_metrics,
+    headroom_eval,
+    headroom_text,
+    learning_notes,
+)
 from reinforge.train.disaggregated import generate_for_trainers
 from reinforge.train.learner import Learner, build_learner, score_with_models
 from reinforge.train.nonfinite import enforce_non_finite_policy

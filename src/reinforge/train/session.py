@@ -27,8 +27,8 @@ from reinforge.engine.base import Engine
 from reinforge.engine.factory import build_engine
 from reinforge.eval import EvalResult, evaluate
 from reinforge.metrics import MetricsLogger, NullLogger, console
+from reinforge.models.loading import load_tokenizer, model_source, resolve_device, resolve_dtype
 from reinforge.run import RunContext, Stopped
-from reinforge.train.common import load_tokenizer, model_source, resolve_device, resolve_dtype
 from reinforge.train.forward import packed_logprobs
 from reinforge.train.lengths import probe_lengths
 from reinforge.train.memory import plan_run, resolve_memory
