@@ -30,6 +30,7 @@ import argparse
 import ast
 import io
 import re
+import shutil
 import subprocess
 import sys
 import tokenize
@@ -52,11 +53,12 @@ TRAIN = {
         "diagnostics",
         "disaggregated",
         "nonfinite",
+        "sft_run",  # the `reinforge sft` run: built from the session, like the RL loop
     ],
     "packing": ["packing", "packing_plan", "packed_attention", "forward", "logprobs"],
     "planner": ["planner", "planner_rows", "planner_sizes", "memory", "lengths"],
     "policy": ["policy_model", "lora", "value", "optim"],
-    "sft": ["sft", "sft_run", "demos"],
+    "sft": ["sft", "demos"],
 }
 TRAIN_PREFIXES = ("planner", "packing", "sft")
 TRAIN_NAMES = {  # a train module's name in its package, where not the prefix-less stem
@@ -65,7 +67,17 @@ TRAIN_NAMES = {  # a train module's name in its package, where not the prefix-le
 }
 STALE = {"reinforge.train.common": "reinforge.models.loading"}  # split before the move
 TEXT_SUFFIXES = {".py", ".md", ".toml", ".txt", ".cfg", ".ini", ".sh", ".yml", ".yaml", ".json"}
-SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", ".ruff_cache", "runs"}
+SKIP_DIRS = {
+    ".git",
+    ".venv",
+    "venv",
+    "node_modules",
+    "__pycache__",
+    ".ruff_cache",
+    "runs",
+    "results",
+}
+SKIP_FILES = {"RESULTS.md"}  # measurement logs: they name the files as they were then
 
 PACKAGE_DOCS = {
     "config": "The configuration: pydantic sections and one root per command (here, the import "
@@ -91,24 +103,26 @@ PACKAGE_DOCS = {
     "parts (`policy`: model, LoRA, value head, optimizer) and SFT (`sft`). It may import every "
     "layer below it (`rollout`, `eval`, `run`, `models`, `engine`, ...), never a command's "
     "module (`cli`, `preflight`, `doctor`, `server`).",
-    "train/loop": "The RL loop: `rl.train` and `rl.rl_step` (rollout, advantages, update, "
-    "log, save), the run's session (`session`: setup, SFT phase, checkpoints), the learner and "
-    "its update, the advantage step, diagnostics, the disaggregated mode and the non-finite "
-    "policy. It may import the other `train` packages and every layer below `train`.",
+    "train/loop": "The runs: `rl.train` and `rl.rl_step` (rollout, advantages, update, log, "
+    "save), the `reinforge sft` run (`sft_run`), the session both build on (`session`: setup, "
+    "the SFT phase, checkpoints), the learner and its update, the advantage step, diagnostics, "
+    "the disaggregated mode and the non-finite policy. It may import the other `train` packages "
+    "and every layer below `train`; they never import it.",
     "train/packing": "Padding-free packing: micro-batches by token budget (here and `plan`), "
     "the packed attention paths (`attention`), the packed forward (`forward`) and the chunked "
-    "LM-head logprobs (`logprobs`). It may import `engine.varlen`, `distributed` and below; "
-    "nothing else in `train`.",
+    "LM-head logprobs (`logprobs`). It may import `engine` (the varlen kernels), `distributed` and "
+    "below; nothing else in `train`.",
     "train/planner": "The memory plan, made before any weights load: the planner's arithmetic "
     "(here, `sizes`, `rows`), what it is told and what the run takes from it (`memory`), and the "
-    "token lengths it sizes from (`lengths`). It may import `train.policy.lora` (LoRA bound on "
-    "the meta device), `train.sft.demos` and the layers below `train`.",
+    "token lengths it sizes from (`lengths`). It may import `train.packing` (the LM head's chunk "
+    "size), `train.policy.lora` (an adapter bound on the meta device), `train.sft.demos` "
+    "(reference episodes' lengths) and the layers below `train`.",
     "train/policy": "The policy's parts: loading it with its engine (`model`), LoRA (`lora`), "
-    "PPO's value head (`value`) and the optimizer (`optim`). It may import the layers below "
-    "`train`.",
-    "train/sft": "Supervised fine-tuning: the step (here), the `reinforge sft` command's run "
-    "(`run`) and reference episodes of env tasks (`demos`). It may import `train.packing`, "
-    "`train.policy` and the layers below `train`.",
+    "PPO's value head (`value`) and the optimizer (`optim`). It may import `train.packing` and "
+    "the layers below `train`.",
+    "train/sft": "Supervised fine-tuning: the step and the validation loss (here) and reference "
+    "episodes of env tasks (`demos`). It may import `train.packing`, `train.policy` and the "
+    "layers below `train`.",
 }
 
 README_LAYOUT = """```
@@ -345,7 +359,7 @@ def text_files(root: Path) -> list[Path]:
         path = root / rel
         if path.suffix not in TEXT_SUFFIXES or not path.is_file():
             continue
-        if set(Path(rel).parts) & SKIP_DIRS or path.resolve() == this:
+        if set(Path(rel).parts) & SKIP_DIRS or path.name in SKIP_FILES or path.resolve() == this:
             continue
         out.append(path)
     return out
@@ -392,7 +406,6 @@ def main() -> int:
         add_package_doc(root / SRC / pkg / "__init__.py", pkg)
     files = rewrite_files(root, renames, moves)
     readme = replace_readme_layout(root)
-    subprocess.run(["git", "add", "-A", str(SRC)], cwd=root, check=True)
     top = [p.name for p in (root / SRC).iterdir() if p.suffix == ".py"]
     print(
         f"moved {len(moves)} files into {len({Path(n).parent for n in moves.values()})} packages; "
@@ -402,7 +415,14 @@ def main() -> int:
     print(f"top-level modules in {SRC}: {len(top)} ({', '.join(sorted(top))})")
     if left:
         print(f"left in train/ (no rule places them): {', '.join(left)}")
-    print("next: ruff format src tests bench scripts examples && ruff check --fix ... && pytest")
+    lint = [d for d in ("src", "tests", "bench", "scripts", "examples") if (root / d).is_dir()]
+    if shutil.which("ruff"):  # rewritten imports: sorted and formatted as the rest
+        subprocess.run(["ruff", "check", "-q", "--select", "I", "--fix", *lint], cwd=root)
+        subprocess.run(["ruff", "format", "-q", *lint], cwd=root)
+    else:
+        print(f"ruff not found: run `ruff check --select I --fix {' '.join(lint)}` and format")
+    subprocess.run(["git", "add", "-A", str(SRC)], cwd=root, check=True)  # the new __init__s
+    print("next: ruff check, the test suite, and a look at `git diff`")
     return 0
 
 

@@ -266,7 +266,7 @@ def plan_run(cfg, tokenizer, lengths: Lengths, resumed_micro_tokens: int | None 
     from transformers import AutoConfig
 
     from reinforge.models.loading import model_source, resolve_device, resolve_dtype
-    from reinforge.train.lora import bind_on_meta
+    from reinforge.train.lora import bind_on_meta, lora_alpha
 
     source = model_source(cfg.model.path, cfg.run.seed)
     device = resolve_device(cfg.run.device)
@@ -287,10 +287,6 @@ def plan_run(cfg, tokenizer, lengths: Lengths, resumed_micro_tokens: int | None 
         resumed_micro_tokens,
     )
     return choice, report
-
-
-def lora_alpha(lora) -> float:
-    return lora.alpha if lora.alpha is not None else 2.0 * lora.rank
 
 
 def plan_rows(choice: MemoryChoice) -> list[tuple[str, str]]:

@@ -18,7 +18,7 @@ from reinforge.checkpoint import TrainerState
 from reinforge.checkpoint_files import checkpoints_dir
 from reinforge.metrics import console
 from reinforge.models.loading import load_model, model_source
-from reinforge.train.memory import lora_alpha
+from reinforge.train.lora import lora_alpha
 from reinforge.train.packed_attention import select_packed_attention
 
 SFT_FINAL = "sft_final"
