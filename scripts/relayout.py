@@ -155,6 +155,22 @@ The layers, what each may import and where to add a loss, an env, a model or a r
 [docs/architecture.md](docs/architecture.md)."""
 
 
+# README cells that name modules relative to the one before them (`.packing_plan`), which no
+# rule can read: (text after the rewrite, what it should say)
+README_EDITS = [
+    (
+        "`reinforge.train.packing`, `.packing_plan`, `.packed_attention`, `.logprobs`, `.lora`, "
+        "`.planner`",
+        "`reinforge.train.packing` (`.plan`, `.attention`, `.logprobs`), "
+        "`reinforge.train.policy.lora`, `reinforge.train.planner`",
+    ),
+    (
+        "`reinforge.eval.metrics`, `.export`, `.server`",
+        "`reinforge.eval.metrics`, `reinforge.export`, `reinforge.server`",
+    ),
+]
+
+
 def plan_moves(root: Path) -> tuple[dict[str, str], dict[str, str], list[str]]:
     """(file moves relative to src/reinforge, module renames old -> new, train modules left)."""
     src = root / SRC
@@ -370,8 +386,12 @@ def replace_readme_layout(root: Path) -> bool:
     text = readme.read_text()
     block = re.compile(r"(## Layout\n\n)```\nsrc/reinforge/\n.*?```", re.S)
     new, n = block.subn(lambda m: m.group(1) + README_LAYOUT, text, count=1)
-    if n:
-        readme.write_text(new)
+    for old, fixed in README_EDITS:
+        if old in new:
+            new = new.replace(old, fixed)
+        else:
+            print(f"  note: README no longer says {old!r}; check that cell by hand")
+    readme.write_text(new)
     return bool(n)
 
 

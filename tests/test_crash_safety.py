@@ -16,6 +16,7 @@ from reinforge.checkpoint import (
 )
 from reinforge.checkpoint_files import (
     TMP_PREFIX,
+    Saved,
     checkpoints_dir,
     clean_incomplete,
     latest_checkpoint,
@@ -48,7 +49,8 @@ def file_hash(path) -> str:
 def save(tmp_path, trainer, step: int, **kwargs):
     model, tok, opt, sched = trainer
     state = TrainerState("rl", step, step * 4)
-    return save_checkpoint(tmp_path, f"step_{step:06d}", model, tok, opt, sched, state, 2, **kwargs)
+    saved = Saved(model, tok, state, opt, sched)
+    return save_checkpoint(tmp_path, f"step_{step:06d}", saved, 2, **kwargs)
 
 
 def crash_point(root) -> str:

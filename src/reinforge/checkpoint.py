@@ -32,7 +32,7 @@ import json
 import random
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,8 @@ import torch
 from reinforge.checkpoint_files import (
     EXTRA_STATE_FILE,
     TMP_PREFIX,
+    Saved,
+    TrainerState,
     checkpoint_order,
     checkpoints_dir,
     clean_incomplete,
@@ -58,16 +60,6 @@ from reinforge.faults import maybe_fail
 
 class NonFiniteState(RunFailure):
     """The model holds a NaN or infinity: saving it would make the last good checkpoint unusable."""
-
-
-@dataclass
-class TrainerState:
-    phase: str  # "sft" or "rl"
-    step: int  # optimizer steps completed in this phase
-    data_position: int  # train tasks consumed so far (all phases)
-    sft_done: bool = False
-    micro_batch_tokens: int | None = None  # the run's packing budget, reused on resume
-    non_finite_streak: int = 0  # consecutive skipped non-finite steps up to `step`
 
 
 @dataclass
@@ -125,39 +117,39 @@ def check_disk_room(run_dir: Path, need: int, keep_last: int) -> str | None:
 def save_checkpoint(
     run_dir: Path,
     name: str,
-    model,
-    tokenizer,
-    optimizer,
-    scheduler,
-    state: TrainerState,
+    saved: Saved,
     keep_last: int | None = None,
-    extra_state: dict | None = None,
-    rng: dict | None = None,
     asynchronous: bool = False,
 ) -> Path:
     """Write checkpoint `name`; returns its final path (durable once this returns, or, when
-    asynchronous, once the next save or `wait_for_saves` returns). `rng` defaults to now's."""
+    asynchronous, once the next save or `wait_for_saves` returns)."""
     wait_for_saves()
     root = checkpoints_dir(run_dir)
     assert read_latest(root) != name, f"checkpoint {name} is `latest`; it is never rewritten"
-    check_finite(model, name)
+    check_finite(saved.model, name)
+    saved = replace(saved, rng=saved.rng or rng_state())
     if is_distributed():  # every rank writes its shards (collective; never asynchronous)
         from reinforge.checkpoint_sharded import save_sharded
 
-        parts = (model, tokenizer, optimizer, scheduler, extra_state, rng or rng_state())
-        return save_sharded(root, name, *parts, asdict(state), keep_last)
+        return save_sharded(root, name, saved, keep_last)
     optimizer_blob = (
-        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
-        if optimizer is not None
+        {"optimizer": saved.optimizer.state_dict(), "scheduler": saved.scheduler.state_dict()}
+        if saved.optimizer is not None
         else None
     )
     snap = _Snapshot(
-        model, tokenizer, None, optimizer_blob, extra_state, rng or rng_state(), asdict(state)
+        saved.model,
+        saved.tokenizer,
+        None,
+        optimizer_blob,
+        saved.extra_state,
+        saved.rng,
+        asdict(saved.state),
     )
     if not asynchronous:
         return _write(root, name, snap, keep_last)
-    snap.model_state = host_copy(model.state_dict())
-    snap.optimizer_blob, snap.extra_state = host_copy((optimizer_blob, extra_state))
+    snap.model_state = host_copy(saved.model.state_dict())
+    snap.optimizer_blob, snap.extra_state = host_copy((optimizer_blob, saved.extra_state))
     global _pending
     _pending = _writer().submit(_write, root, name, snap, keep_last)
     return root / name
@@ -224,23 +216,21 @@ def load_trainer_state(ckpt: Path) -> TrainerState:
     return TrainerState(**json.loads((ckpt / "trainer_state.json").read_text()))
 
 
-def load_optimizer(ckpt: Path, optimizer, scheduler, model=None) -> None:
-    """The optimizer and schedule saved in `ckpt`. A checkpoint of a distributed run, or any
-    checkpoint resumed by one, goes through `checkpoint_sharded` (which needs `model`: DCP
-    names optimizer states by their parameters' names)."""
+def load_optimizer(ckpt: Path, into: Saved) -> None:
+    """The optimizer and schedule saved in `ckpt`, loaded into `into.optimizer` and
+    `into.scheduler`. A checkpoint of a distributed run, or any checkpoint resumed by one, goes
+    through `checkpoint_sharded` (DCP names optimizer states by `into.model`'s parameters)."""
     from reinforge.checkpoint_sharded import is_sharded, load_full_optimizer, load_sharded
 
     if is_sharded(ckpt):
-        assert model is not None, "a sharded checkpoint loads through the model's names"
-        load_sharded(ckpt, model, optimizer, scheduler)
+        load_sharded(ckpt, into)
         return
     blob = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=False)
     if is_distributed():
-        assert model is not None, "sharding a saved optimizer state needs the model's names"
-        load_full_optimizer(blob["optimizer"], model, optimizer)
+        load_full_optimizer(blob["optimizer"], into.model, into.optimizer)
     else:
-        optimizer.load_state_dict(blob["optimizer"])
-    scheduler.load_state_dict(blob["scheduler"])
+        into.optimizer.load_state_dict(blob["optimizer"])
+    into.scheduler.load_state_dict(blob["scheduler"])
 
 
 def load_extra_state(ckpt: Path) -> dict:

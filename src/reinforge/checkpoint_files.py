@@ -1,20 +1,47 @@
 """A run's checkpoint folders on disk, below the code that fills them (`checkpoint`,
 `checkpoint_sharded`): where they live, the `latest` pointer, the name order, and how a complete
 temporary folder is made durable and published (`publish`: fsync, rename, then the pointer, then
-pruning). Plain files only: no torch, so `models` can find a run's checkpoints cheaply.
+pruning), and what a checkpoint holds (`TrainerState`, `Saved`). Plain files only: no torch, so
+`models` can find a run's checkpoints cheaply.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from reinforge.checkpoint_manifest import write_manifest
 from reinforge.faults import maybe_fail
 
 TMP_PREFIX = ".tmp-"
 EXTRA_STATE_FILE = "algorithm_state.pt"
+
+
+@dataclass
+class TrainerState:
+    phase: str  # "sft" or "rl"
+    step: int  # optimizer steps completed in this phase
+    data_position: int  # train tasks consumed so far (all phases)
+    sft_done: bool = False
+    micro_batch_tokens: int | None = None  # the run's packing budget, reused on resume
+    non_finite_streak: int = 0  # consecutive skipped non-finite steps up to `step`
+
+
+@dataclass
+class Saved:
+    """What one checkpoint holds: the live training objects and the trainer's position; a
+    resume loads the optimizer and schedule back into the same fields (`load_optimizer`)."""
+
+    model: Any
+    tokenizer: Any
+    state: TrainerState
+    optimizer: Any = None  # None with the scheduler: the weights alone (`sft_final`)
+    scheduler: Any = None
+    extra_state: dict | None = None  # algorithm state beyond model and optimizer
+    rng: dict | None = None  # None: every RNG's state at save time
 
 
 def checkpoints_dir(run_dir: Path) -> Path:

@@ -25,6 +25,7 @@ class Lengths:
     longest_prompt: int
     longest_solution: int  # reference solution + EOS (what SFT trains on); 0 without solutions
     num_probed: int
+    episode_context: int | None = None  # env tasks: an episode's tokens (task.max_context resolved)
 
 
 def model_context(cfg) -> tuple[int, str]:
@@ -77,7 +78,6 @@ def episode_lengths(cfg, tokenizer, env_tasks: EnvTasks, context: int):
             f"task.max_context = {max_context} is above the model's context ({context}); "
             f"set task.max_context <= {context}, or leave it unset"
         )
-    cfg.task.max_context = max_context  # resolved: the planner and the run read it from here on
     tools = tools_to_render(env_tasks)
     probe = env_tasks.eval_tasks() + [
         env_tasks.train_task(i) for i in range(NUM_TRAIN_PROMPTS_PROBED)
@@ -105,7 +105,7 @@ def episode_lengths(cfg, tokenizer, env_tasks: EnvTasks, context: int):
             longest_demo = max(longest_demo, len(ids))
             longest_turn = max(longest_turn, *turn_lengths(mask))
     check_turn_budgets(cfg, longest_turn)
-    return Lengths(longest_prompt, longest_demo, len(probe))
+    return Lengths(longest_prompt, longest_demo, len(probe), max_context)
 
 
 def turn_lengths(mask: list[int]) -> list[int]:

@@ -7,8 +7,8 @@ the budget it plans in, and the choices the trainer takes from it.
   plan says why.
 - Choices: `train.micro_batch_tokens` and `model.gradient_checkpointing` when the config leaves
   them unset / "auto". Set values are planned with as given, and refused (naming what fits) when
-  they cannot fit. `resolve_memory` writes the choices into the config, so the rest of the run
-  reads concrete values.
+  they cannot fit. The run reads the choices from its `RunSetup` (`train.session`); the config
+  keeps the values the user gave.
 - KV cache: the paged engine's page pool is the plan's (`MemoryChoice.kv_cache_bytes`: the
   whole step's rollout when it fits beside training), or `rollout.kv_cache_bytes` when set (the
   planner plans around it). The engine never sizes itself from "all free memory" in a run: the
@@ -233,14 +233,15 @@ def available_ram() -> int | None:
     return None
 
 
-def workload(cfg, prompt_len: int, longest_solution: int) -> Workload:
+def workload(cfg, lengths: Lengths) -> Workload:
     """The step shape: RL's rollout for `reinforge train`, the SFT batch for `reinforge sft`."""
+    prompt_len, longest_solution = lengths.longest_prompt, lengths.longest_solution
     rollout = getattr(cfg, "rollout", None)
     if rollout is not None:
         new_tokens = rollout.max_new_tokens
         if is_env_task(cfg.task):  # an episode: every turn and env reply after the prompt
-            assert cfg.task.max_context is not None, "probe_lengths resolves the episode context"
-            new_tokens = cfg.task.max_context - prompt_len
+            assert lengths.episode_context is not None, "probe_lengths resolves it for env tasks"
+            new_tokens = lengths.episode_context - prompt_len
         return Workload(
             prompt_len,
             new_tokens,
@@ -249,16 +250,6 @@ def workload(cfg, prompt_len: int, longest_solution: int) -> Workload:
             longest_solution if cfg.sft.steps else 0,
         )
     return Workload(prompt_len, longest_solution, 1, cfg.sft.batch_size)
-
-
-def resolve_memory(cfg, choice: MemoryChoice) -> None:
-    """Write the plan's choices into the config: the run reads concrete values from here on."""
-    cfg.train.micro_batch_tokens = choice.micro_batch_tokens
-    cfg.model.gradient_checkpointing = choice.gradient_checkpointing
-    if getattr(cfg, "distributed", None) is not None:
-        cfg.distributed.accumulate_unsharded = choice.accumulate_unsharded
-        if choice.num_shards > 1:
-            cfg.distributed.strategy = "replicate" if choice.replicated else "fsdp"
 
 
 def plan_run(cfg, tokenizer, lengths: Lengths, resumed_micro_tokens: int | None = None):
@@ -282,7 +273,7 @@ def plan_run(cfg, tokenizer, lengths: Lengths, resumed_micro_tokens: int | None 
         AutoConfig.from_pretrained(source).to_dict(),
         device,
         dtype_bytes,
-        workload(cfg, lengths.longest_prompt, lengths.longest_solution),
+        workload(cfg, lengths),
         report.num_trainable_params if report else None,
         resumed_micro_tokens,
     )
