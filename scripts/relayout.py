@@ -149,10 +149,7 @@ src/reinforge/
   report/          `reinforge report`: the summary and the HTML page
   preflight.py     budgets checked before any model loads
   metrics.py       console, jsonl, TensorBoard, W&B, plots
-```
-
-The layers, what each may import and where to add a loss, an env, a model or a reward:
-[docs/architecture.md](docs/architecture.md)."""
+```"""
 
 
 # README cells that name modules relative to the one before them (`.packing_plan`), which no
