@@ -117,11 +117,10 @@ def layer_of(module: str, layers: list[list[str]] = LAYERS) -> int | None:
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected groups of more than one module (Tarjan). An edge into a package's
-    `__init__` is a re-export of names the package defines below it, not a dependency on its
-    siblings, so such edges are left out."""
-    packages = {m for m in graph if any(k.startswith(m + ".") for k in graph)}
-    edges = {k: sorted(v - packages) for k, v in graph.items()}
+    """Strongly connected groups of more than one module (Tarjan). A package's `__init__` is a
+    module like the others: a submodule that imports names from its own package while the
+    package imports it is a cycle (one that import order alone keeps working)."""
+    edges = {k: sorted(v) for k, v in graph.items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -203,8 +202,12 @@ def test_the_checks_catch_a_cycle_and_an_upward_import():
         ["reinforge.high.a", "reinforge.high.b", "reinforge.high.c", "reinforge.low"]
     ]
     graph["reinforge.low"] = set()
-    graph["reinforge.high.c"] = {"reinforge.low", "reinforge.high"}  # into the package: no cycle
+    graph["reinforge.high.c"] = {"reinforge.low", "reinforge.high"}
     assert cycles(graph) == [] and upward_imports(graph, layers) == []
+    graph["reinforge.high"] = {"reinforge.high.a"}  # the package re-exports what imports it
+    assert cycles(graph) == [
+        ["reinforge.high", "reinforge.high.a", "reinforge.high.b", "reinforge.high.c"]
+    ]
 
 
 def test_the_graph_reads_every_kind_of_import(tmp_path):
@@ -226,7 +229,8 @@ def test_the_graph_reads_every_kind_of_import(tmp_path):
         "pkg.sub.b": {"pkg.sub", "pkg.sub.a", "pkg.sub.c"},
         "pkg.sub.c": set(),
     }
-    assert cycles(graph) == [["pkg.sub.a", "pkg.sub.b"]]
+    # importing from a package runs its __init__, which imports `a` back
+    assert cycles(graph) == [["pkg.sub", "pkg.sub.a", "pkg.sub.b"]]
 
 
 def test_rollout_imports_neither_training_nor_evaluation():
