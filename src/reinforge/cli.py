@@ -240,8 +240,7 @@ def run_command(args) -> int:
 def execute(args, cfg) -> int:
     from reinforge.config import to_toml
     from reinforge.distributed import is_main
-    from reinforge.run import RunContext, guarded
-    from reinforge.train.common import run_dir_of
+    from reinforge.run import RunContext, guarded, run_dir_of
 
     ctx = RunContext(
         run_dir_of(cfg),

@@ -21,32 +21,9 @@ class Preflight:
             raise ConfigError("preflight failed:\n  " + "\n  ".join(self.errors))
 
 
-def model_context(cfg) -> tuple[int, str]:
-    from transformers import AutoConfig
-
-    from reinforge.train.common import model_source
-
-    if cfg.model.max_context:
-        return cfg.model.max_context, "model.max_context"
-    source = model_source(cfg.model.path, cfg.run.seed)
-    try:
-        mcfg = AutoConfig.from_pretrained(source)
-    except OSError as e:
-        raise ConfigError(
-            f"model.path = {cfg.model.path!r}: cannot read its config ({e}); "
-            "give a local HF checkpoint folder or 'builtin:tiny'"
-        ) from None
-    context = getattr(mcfg, "max_position_embeddings", None)
-    if context is None:
-        raise ConfigError(
-            f"model.path = {cfg.model.path!r} has no max_position_embeddings; set model.max_context"
-        )
-    return int(context), "max_position_embeddings"
-
-
 def run_preflight(cfg) -> Preflight:
-    from reinforge.train.common import load_tokenizer, model_source
-    from reinforge.train.memory import probe_lengths
+    from reinforge.models.loading import load_tokenizer, model_source
+    from reinforge.train.lengths import model_context, probe_lengths
 
     pf = Preflight()
     context, context_from = model_context(cfg)

@@ -51,6 +51,10 @@ class Summary:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def run_dir_of(cfg) -> Path:
+    return Path(cfg.run.output_dir) / cfg.run.name
+
+
 class RunContext:
     """Under torchrun every process checks the run directory, the main one alone changes it, and
     the others wait until it has."""
@@ -144,7 +148,8 @@ def _from_main(failure: RunFailure | None) -> RunFailure | None:
 
 def resume_point(run_dir: Path) -> str:
     """The line a resumed run starts with: which checkpoint, which phase and step."""
-    from reinforge.checkpoint import latest_checkpoint, load_trainer_state
+    from reinforge.checkpoint import load_trainer_state
+    from reinforge.checkpoint_files import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir)
     assert ckpt is not None  # checked in __init__

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -136,7 +135,3 @@ def build_builtin(name: str, seed: int, out: Path) -> None:
     (out / "reinforge_builtin.json").write_text(
         json.dumps({"name": name, "seed": seed, "version": _VERSION})
     )
-
-
-def clear_cache() -> None:
-    shutil.rmtree(cache_dir(), ignore_errors=True)

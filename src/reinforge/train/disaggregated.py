@@ -43,8 +43,7 @@ from reinforge.rollout.sources import (
     trainable,
 )
 from reinforge.run import RunContext, Summary
-from reinforge.tasks import task_source_for
-from reinforge.train.session import load_policy
+from reinforge.train.session import load_policy, run_tasks
 
 
 def generate_for_trainers(cfg, ctx: RunContext) -> Summary:
@@ -52,7 +51,7 @@ def generate_for_trainers(cfg, ctx: RunContext) -> Summary:
     trainers (ranks 0 .. N - 2; this process is rank N - 1)."""
     assert rank() == 0 and world_size() == 1, "the generator samples the whole batch"
     policy, state, _ = load_policy(cfg, ctx)  # the latest checkpoint's weights on resume
-    tasks = single_turn_tasks(task_source_for(cfg, policy.tokenizer), cfg.task.rewards)
+    tasks = single_turn_tasks(run_tasks(cfg, policy), cfg.task.rewards)
     summary = Summary("train", ctx.run_dir, final_step=state.step)
     first, last = state.step + 1, cfg.run.max_steps
     ahead = Lookahead(trainable(policy.model), state.step, cfg.distributed.staleness)

@@ -49,6 +49,11 @@ class LoraReport:
         )
 
 
+def lora_alpha(lora) -> float:
+    """`model.lora.alpha`, or twice the rank when unset."""
+    return lora.alpha if lora.alpha is not None else 2.0 * lora.rank
+
+
 def apply_lora(
     model,
     rank: int = 16,

@@ -42,11 +42,15 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
     totals: dict[str, float] = {}
     optimizer.zero_grad(set_to_none=True)
     model = learner.policy.model
-    t = cfg.train
+    memory = learner.policy.setup.memory  # the run's plan (`train.memory`)
     batches = micro_batches(
-        batch.prompts, batch.completions, t.micro_batch_tokens, t.share_prompts, in_lockstep(model)
+        batch.prompts,
+        batch.completions,
+        memory.micro_batch_tokens,
+        cfg.train.share_prompts,
+        in_lockstep(model),
     )
-    unsharded = cfg.distributed.accumulate_unsharded is True  # the plan's choice (`train.memory`)
+    unsharded = memory.accumulate_unsharded
     with accumulation(model, unsharded) as before:
         for i, idx in enumerate(batches):
             before(last=i == len(batches) - 1)
