@@ -18,6 +18,7 @@ from reinforge.checkpoint import TrainerState, checkpoints_dir
 from reinforge.metrics import console
 from reinforge.train.common import load_model, model_source
 from reinforge.train.memory import lora_alpha
+from reinforge.train.moe import install_grouped_moe
 from reinforge.train.packed_attention import select_packed_attention
 
 SFT_FINAL = "sft_final"
@@ -35,6 +36,7 @@ def build_model(cfg, run_dir: Path, ckpt: Path | None, state: TrainerState, devi
         source = str(ckpt)
     model = load_model(source, device, dtype, bool(cfg.model.gradient_checkpointing))
     select_packed_attention(model, "auto")
+    install_grouped_moe(model)  # MoE: grouped experts, LoRA through its factors, router log
     if lora.rank:
         adapter = ckpt if ckpt is not None and (ckpt / "adapter_config.json").exists() else None
         model = attach_adapter(cfg, model, adapter)
