@@ -16,7 +16,7 @@ from reinforge.engine import moe
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.paged import PagedEngine
 from reinforge.train.lora import apply_lora
-from reinforge.train.moe import install_grouped_moe, router_aux_loss, begin_micro_batch
+from reinforge.train.moe import begin_micro_batch, install_grouped_moe, router_aux_loss
 
 from .conftest import hf_greedy, hf_logprobs, scramble
 
