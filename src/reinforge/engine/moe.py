@@ -128,7 +128,7 @@ def padded_mm(
 ) -> torch.Tensor:
     """`grouped_mm` without the native kernel: each expert's rows in a [capacity, I] slot of a
     zero buffer, one batched product (E / k times the useful work, still no loop or sync)."""
-    starts_E = offsets_E - torch.bincount(ids_S, minlength=w_EIO.shape[0])
+    starts_E = torch.cat([offsets_E.new_zeros(1), offsets_E[:-1]])
     slot_S = torch.arange(ids_S.shape[0], device=ids_S.device) - starts_E[ids_S]
     padded_ECI = x_SI.new_zeros(w_EIO.shape[0], capacity, x_SI.shape[1])
     padded_ECI = padded_ECI.index_put((ids_S, slot_S), x_SI)
