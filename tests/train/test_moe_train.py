@@ -70,3 +70,33 @@ def test_gspo_with_lora_on_experts_trains_saves_and_exports(tmp_path):
     exported = cli("export", str(run), str(tmp_path / "merged"))
     assert exported.returncode == ExitCode.OK, exported.stdout + exported.stderr
     assert (tmp_path / "merged" / "model.safetensors").exists()
+
+
+def test_planner_counts_every_expert_and_the_active_width():
+    """Weights: every expert (Qwen3-30B-A3B: 30.5B parameters, 3.3B active, as published);
+    LoRA: exactly what PEFT binds on a MoE model (gate_up_proj at rank 2r)."""
+    from pathlib import Path
+
+    from reinforge.train.lora import apply_lora
+    from reinforge.train.planner_sizes import ModelShape, lora_trainable_params
+
+    shape = json.loads((Path(__file__).parents[2] / "bench/shapes/qwen3-30b-a3b.json").read_text())
+    big = ModelShape.from_hf_config(shape)
+    assert round(big.num_params / 1e9, 1) == 30.5 and round(big.num_active_params / 1e9, 1) == 3.4
+    config = Qwen3MoeConfig(
+        vocab_size=320,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
+    model = Qwen3MoeForCausalLM(config)
+    tiny = ModelShape.from_hf_config(config.to_dict(), dtype_bytes=4)
+    assert tiny.num_params == sum(p.numel() for p in model.parameters())
+    report = apply_lora(model, rank=4, alpha=8.0)[1]
+    assert lora_trainable_params(tiny, 4) == report.num_trainable_params
