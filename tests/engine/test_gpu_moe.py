@@ -1,7 +1,7 @@
 """Mixture of experts on CUDA: the native grouped kernel (bfloat16) equals the per-expert loop in
 values and gradients, and decode replayed from CUDA graphs equals the eager decode (float32 tiny
-Qwen3-MoE, the padded fallback's path; and bfloat16, the grouped kernel's). Skipped without
-CUDA."""
+Qwen3-MoE, the padded fallback's path; bfloat16, the grouped kernel's; and bfloat16 with LoRA on
+attention, router and experts). Skipped without CUDA."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from reinforge.engine import moe
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.paged import PagedEngine
 
-from .test_moe import PROMPTS, loop_experts, tiny_moe
+from .test_moe import PROMPTS, loop_experts, tiny_moe, with_adapter
 
 pytestmark = pytest.mark.gpu
 
@@ -40,9 +40,13 @@ def test_grouped_kernel_equals_the_loop_on_cuda(tokenizer):
         torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_graph_decode_equals_eager(tokenizer, dtype):
+@pytest.mark.parametrize(
+    "dtype, lora", [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)]
+)
+def test_cuda_graph_decode_equals_eager(tokenizer, dtype, lora):
     model = tiny_moe("qwen3_moe", tokenizer).to(CUDA, dtype)
+    if lora:  # attention, router and experts adapted (PEFT's "all-linear")
+        model = with_adapter(model).eval()
     params = SamplingParams(max_new_tokens=12, temperature=0.0, n=2)
     outputs = {}
     for graphs in (True, False):

@@ -84,8 +84,11 @@ def low_rank(wrapper: Any, name: str) -> LowRank:
     weight_b = wrapper.lora_B[name].weight
     a_ERI = weight_a.reshape(num_experts, -1, weight_a.shape[-1])
     b_ORE = weight_b.reshape(weight_b.shape[0], -1, num_experts)
-    a_EIR = a_ERI.transpose(1, 2).contiguous()
-    b_ERO = b_ORE.permute(2, 1, 0).contiguous()
+    # in the stacked weight's dtype, as PEFT's ParamWrapper computes (float32 factors would also
+    # leave bfloat16's grouped kernel for the padded fallback)
+    dtype = wrapper.get_param().dtype
+    a_EIR = a_ERI.transpose(1, 2).to(dtype).contiguous()
+    b_ERO = b_ORE.permute(2, 1, 0).to(dtype).contiguous()
     return LowRank(a_EIR, b_ERO, wrapper.scaling[name])
 
 
