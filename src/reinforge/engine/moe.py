@@ -107,6 +107,19 @@ def has_grouped_mm(weight: torch.Tensor) -> bool:
     return False
 
 
+def is_aligned(x_SI: torch.Tensor, w_EIO: torch.Tensor) -> bool:
+    """CUDA's grouped kernel takes operands whose strides and widths are multiples of 16 bytes
+    (a small LoRA rank in bfloat16 is not: rank 4 is 8 bytes); the CPU kernel takes any."""
+    if w_EIO.device.type == "cpu":
+        return True
+    size = w_EIO.element_size()
+    strides = [st for t in (x_SI, w_EIO) for st in t.stride() if st != 1]
+    widths = (x_SI.shape[1], w_EIO.shape[2])
+    return all(n * size % 16 == 0 for n in (*strides, *widths)) and all(
+        t.data_ptr() % 16 == 0 for t in (x_SI, w_EIO)
+    )
+
+
 def grouped_mm(
     x_SI: torch.Tensor,
     w_EIO: torch.Tensor,
@@ -116,7 +129,7 @@ def grouped_mm(
 ) -> torch.Tensor:
     """Row segment e of `x` times `w[e]`, for every expert at once: [S, O]."""
     x_SI = x_SI.to(w_EIO.dtype)
-    if has_grouped_mm(w_EIO):
+    if has_grouped_mm(w_EIO) and is_aligned(x_SI, w_EIO):
         mm = getattr(F, "grouped_mm", None) or torch._grouped_mm
         return mm(x_SI, w_EIO, offs=offsets_E)
     return padded_mm(x_SI, w_EIO, offsets_E, ids_S, capacity)
