@@ -253,6 +253,10 @@ def compute_sizes(x: PlanInputs) -> Sizes:
     )
     sampling = 2 * min(num_seqs, SAMPLING_SEQS) * m.vocab_size * 4
     prefill_per_token = d * (2 * m.hidden_size + m.q_dim + 2 * m.kv_dim + 2 * m.intermediate_size)
+    if m.num_experts:  # the grouped products' k rows per token (engine.moe)
+        prefill_per_token += (
+            d * m.num_experts_per_tok * (4 * m.hidden_size + 3 * m.moe_intermediate_size)
+        )
     prefill = min(PREFILL_CHUNK_TOKENS, num_seqs * seq_len) * prefill_per_token
     tokens_max = max(seq_len, min(num_seqs * seq_len, MAX_MICRO_TOKENS))
     gathered_training = unsharded_accumulation = 0
