@@ -87,7 +87,7 @@ def low_rank(wrapper: Any, name: str) -> LowRank:
     # in the stacked weight's dtype, as PEFT's ParamWrapper computes (float32 factors would also
     # leave bfloat16's grouped kernel for the padded fallback)
     dtype = wrapper.get_param().dtype
-    a_EIR = a_ERI.transpose(1, 2).to(dtype).contiguous()
+    a_EIR = a_ERI.to(dtype).transpose(1, 2)  # a transposed view, as the base weights are read
     b_ERO = b_ORE.permute(2, 1, 0).to(dtype).contiguous()
     return LowRank(a_EIR, b_ERO, wrapper.scaling[name])
 
