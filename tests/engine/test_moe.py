@@ -154,3 +154,6 @@ def test_trainer_forward_with_lora_equals_peft_and_collects_router_loss(tokenize
     for name, param in reference.named_parameters():
         if param.requires_grad:
             torch.testing.assert_close(got_grads[name], param.grad, atol=1e-5, rtol=1e-4)
+    begin_micro_batch(model, 0.0)  # router_aux_coef = 0: nothing kept, no loss
+    model(ids)
+    assert router_aux_loss(model, 0.0) is None
