@@ -15,6 +15,7 @@ from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM, Qwen3MoeConfig, Qw
 from reinforge.engine import moe
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.paged import PagedEngine
+from reinforge.errors import ConfigError
 from reinforge.train.lora import apply_lora
 from reinforge.train.moe import begin_micro_batch, install_grouped_moe, router_aux_loss
 
@@ -95,6 +96,19 @@ def test_engine_lora_on_experts_equals_merged_weights(tokenizer):
     tokens = [g[0].token_ids for g in got]
     assert tokens == [g[0].token_ids for g in merged]
     assert tokens != [g[0].token_ids for g in base]  # the adapter changes the output
+
+
+def test_lora_targets_name_the_experts_and_a_wrong_name_is_refused(tokenizer):
+    model = tiny_moe("qwen3_moe", tokenizer)
+    experts_only = apply_lora(model, rank=4, target_modules=["gate_proj", "up_proj", "down_proj"])
+    assert {n.rsplit(".", 1)[-1] for n in experts_only[1].bound_modules} == {
+        "experts",
+        "base_layer",
+    }
+    with pytest.raises(ConfigError, match=r"binds the adapter to 0 modules.*'gate_proj'"):
+        apply_lora(tiny_moe("qwen3_moe", tokenizer), rank=4, target_modules=["qkv"])
+    with pytest.raises(ConfigError, match=r"model\.lora\.dropout = 0\.1"):
+        apply_lora(tiny_moe("qwen3_moe", tokenizer), rank=4, dropout=0.1)
 
 
 def _lora_names(peft_model):

@@ -82,9 +82,17 @@ def apply_lora(
         bias="none",
         task_type="CAUSAL_LM",
     )
-    if not _is_all_linear(targets) and not _matching_modules(model, config):
+    # On a MoE model PEFT maps expert and router names onto parameters no module matches
+    # ("gate_proj" -> mlp.experts.gate_up_proj): PEFT's own binding decides there.
+    moe = has_stacked_experts(model)
+    if not _is_all_linear(targets) and not moe and not _matching_modules(model, config):
         raise _no_binding_error(model, targets)
-    peft_model = get_peft_model(model, config)
+    try:
+        peft_model = get_peft_model(model, config)
+    except ValueError as error:  # PEFT: "Target modules ... not found in the base model"
+        if not moe or "not found" not in str(error):
+            raise
+        raise _no_binding_error(model, targets) from error
     report = lora_report(peft_model)
     if report.num_bound_modules == 0:
         raise _no_binding_error(model, targets)
@@ -200,6 +208,8 @@ def _matching_modules(model, config) -> list[str]:
 
 def _no_binding_error(model, targets) -> ConfigError:
     available = linear_layer_names(model)
+    if has_stacked_experts(model):  # the names PEFT maps onto the router and the experts
+        available = sorted({*available, "gate", "gate_proj", "up_proj", "down_proj"})
     example = [n for n in ("q_proj", "v_proj") if n in available] or available[:2]
     return ConfigError(
         f"{SETTING}.target_modules = {targets!r} binds the adapter to 0 modules; this model's "
