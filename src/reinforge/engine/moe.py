@@ -78,15 +78,16 @@ def router_logits(gate: Any, x_TH: torch.Tensor) -> torch.Tensor:
 def low_rank(wrapper: Any, name: str) -> LowRank:
     """PEFT's layout for a stacked [E, out, in] parameter: lora_A [E*r, in] (expert-major rows)
     and lora_B [out, r*E] (expert-minor columns)."""
-    assert wrapper._did_swap_in_out_features, "expert weights stored as [experts, out, in]"
     num_experts = wrapper.num_experts
     weight_a = wrapper.lora_A[name].weight
     weight_b = wrapper.lora_B[name].weight
+    param = wrapper.get_param()
+    assert weight_a.shape[-1] == param.shape[-1], "A reads the [experts, out, in] weight's input"
     a_ERI = weight_a.reshape(num_experts, -1, weight_a.shape[-1])
     b_ORE = weight_b.reshape(weight_b.shape[0], -1, num_experts)
     # in the stacked weight's dtype, as PEFT's ParamWrapper computes (float32 factors would also
     # leave bfloat16's grouped kernel for the padded fallback)
-    dtype = wrapper.get_param().dtype
+    dtype = param.dtype
     a_EIR = a_ERI.to(dtype).transpose(1, 2)  # a transposed view, as the base weights are read
     b_ERO = b_ORE.permute(2, 1, 0).to(dtype).contiguous()
     return LowRank(a_EIR, b_ERO, wrapper.scaling[name])
