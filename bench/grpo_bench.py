@@ -43,6 +43,17 @@ WORKLOADS = {
         lora_rank=32,
         peer_micro_batch=16,
     ),
+    # issue 27: GSPO on the Qwen3-30B-A3B shape, one H200, no peer (--skip-peer)
+    "G3": dict(
+        config="configs/bench/g3.toml",
+        shape="bench/shapes/qwen3-30b-a3b.json",
+        prompts=64,
+        group=8,
+        prompt_len=256,
+        new_tokens=1024,
+        lora_rank=32,
+        peer_micro_batch=16,
+    ),
 }
 
 
@@ -109,8 +120,10 @@ def summarise(rows: list[dict], w: dict, wall: float, profile_step: int = 0) -> 
 
 
 def model_params(shape: dict) -> int:
-    """Parameters of a Qwen2-style decoder from its config fields."""
+    """Parameters of a Qwen2-style decoder from its config fields (MoE: those a token reads)."""
     h, i, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+    if shape.get("num_experts"):
+        i = shape["num_experts_per_tok"] * shape["moe_intermediate_size"]
     heads, kv = shape["num_attention_heads"], shape.get("num_key_value_heads", 0)
     d = shape.get("head_dim") or h // heads
     attn = h * heads * d * 2 + h * (kv or heads) * d * 2

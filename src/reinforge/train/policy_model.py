@@ -19,6 +19,7 @@ from reinforge.checkpoint_files import checkpoints_dir
 from reinforge.metrics import console
 from reinforge.models.loading import load_model
 from reinforge.train.lora import lora_alpha
+from reinforge.train.moe import install_grouped_moe
 from reinforge.train.packed_attention import select_packed_attention
 
 SFT_FINAL = "sft_final"
@@ -37,6 +38,7 @@ def build_model(cfg, run_dir: Path, ckpt: Path | None, state: TrainerState, setu
     checkpointing = setup.memory.gradient_checkpointing
     model = load_model(source, setup.device, setup.dtype, checkpointing)
     select_packed_attention(model, "auto")
+    install_grouped_moe(model)  # MoE: grouped experts, LoRA through its factors, router log
     if lora.rank:
         adapter = ckpt if ckpt is not None and (ckpt / "adapter_config.json").exists() else None
         model = attach_adapter(cfg, model, adapter)
