@@ -325,8 +325,9 @@ def finish(args, cfg, ctx) -> int:
 
             summary = run_sft(cfg, ctx)
     except Stopped as stop:
-        print(f"\nstopped by {stop.signal_name}; checkpoint saved at {stop.checkpoint}")
-        print(f"resume with: reinforge {args.command} --resume {ctx.run_dir}")
+        if is_main():  # one process speaks for the job
+            print(f"\nstopped by {stop.signal_name}; checkpoint saved at {stop.checkpoint}")
+            print(f"resume with: {resume_line(args.command, ctx.run_dir)}")
         return ExitCode.STOPPED_AFTER_SAVE
     except RunFailure as e:
         error_file(ctx).write_text(f"{type(e).__name__}: {e}\n")
@@ -370,6 +371,17 @@ def finish(args, cfg, ctx) -> int:
         )
         return ExitCode.NOTHING_TRAINED
     return ExitCode.OK
+
+
+def resume_line(command: str, run_dir: Path) -> str:
+    """How to continue the run: under torchrun, the launcher's command (any number of nodes)."""
+    from reinforge.distributed import is_launched
+
+    if is_launched():
+        from reinforge.cluster import resume_command
+
+        return resume_command(run_dir, command)
+    return f"reinforge {command} --resume {run_dir}"
 
 
 def error_file(ctx) -> Path:

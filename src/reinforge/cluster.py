@@ -134,20 +134,24 @@ def check_shared_run_dir(run_dir: Path, is_writer: bool) -> None:
         seen = path.read_text()
     except OSError:
         seen = None
+    # every process has read the token once the gather returns; no collective follows, so a
+    # process that stops at once leaves none waiting
     everyone = _gather((node_label(), str(Path(run_dir).absolute()), seen == shared[0]))
-    dist.barrier()
     if is_writer:
         path.unlink(missing_ok=True)
     blind = [(label, where) for label, where, ok in everyone if not ok]
     if blind:
         who = "; ".join(f"{label} looked in {where}" for label, where in blind)
-        raise ConfigError(
+        problem = (
             f"the run directory is not shared by every node: rank 0 wrote a token into "
             f"{everyone[0][1]}, and {who} and did not find it. Every rank writes its own "
             "checkpoint shards there, so every node must see the same folder: put "
             "run.output_dir on a filesystem every node mounts at the same path (NFS, Lustre, a "
             "ReadWriteMany volume) and give it as an absolute path, or run on one node"
         )
+        if is_writer:  # for `reinforge report` on rank 0's side
+            error_path(run_dir).write_text(f"ConfigError: {problem}\n")
+        raise ConfigError(problem)
 
 
 def resume_command(run_dir: Path, command: str) -> str:

@@ -61,7 +61,6 @@ def launch(argv: list[str]) -> int:
 def _run(args, exit_dir: Path, rendezvous_s: float) -> int:
     from torch.distributed.elastic.multiprocessing import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous import RendezvousError
     from torch.distributed.run import run
 
     try:
@@ -69,11 +68,13 @@ def _run(args, exit_dir: Path, rendezvous_s: float) -> int:
         failed = False
     except (ChildFailedError, SignalException):
         failed = True
-    except (RendezvousError, TimeoutError, RuntimeError) as e:
+    except Exception as e:
         if not _is_rendezvous_failure(e):
             raise
-        print(f"reinforge launch: {rendezvous_message(args, rendezvous_s, e)}", file=sys.stderr)
-        return ExitCode.RUNTIME_FAILURE
+        if not any(exit_dir.iterdir()):  # no worker ran: the nodes never met, or the store went
+            print(f"reinforge launch: {rendezvous_message(args, rendezvous_s, e)}", file=sys.stderr)
+            return ExitCode.RUNTIME_FAILURE
+        failed = True  # the workers ran and ended; the store went with another node's launcher
     codes = worker_codes(exit_dir, args)
     code = node_verdict(codes, failed)
     if code != ExitCode.OK:
@@ -119,17 +120,22 @@ def _is_rendezvous_failure(error: BaseException) -> bool:
 
 
 def rendezvous_message(args, rendezvous_s: float, error: BaseException) -> str:
+    from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
+
     if args.rdzv_backend == "static":
         where = f"--master-addr {args.master_addr} --master-port {args.master_port}"
     else:
         where = f"--rdzv-endpoint {args.rdzv_endpoint} --rdzv-id {args.rdzv_id}"
+    if isinstance(error, RendezvousTimeoutError) or "timeout" in type(error).__name__.lower():
+        what = f"the nodes did not meet within {rendezvous_s:g} s"
+    else:
+        what = "the rendezvous failed before any process started"
     return (
-        f"the nodes did not meet within {rendezvous_s:g} s ({where}, --nnodes {args.nnodes}; "
-        f"{type(error).__name__}). No process started and nothing was written. Check that every "
-        "node was started with the same endpoint (host:port) and rendezvous id, that the port "
-        "is free on the host and reachable from every node (firewall), and that all nodes "
-        "started; the wait is distributed.rendezvous_timeout_s (or --rdzv-conf "
-        "join_timeout=SECONDS)"
+        f"{what} ({where}, --nnodes {args.nnodes}; {type(error).__name__}). No process "
+        "started and nothing was written. Check that every node was started with the same "
+        "endpoint (host:port) and rendezvous id, that the port is free on the host and "
+        "reachable from every node (firewall), and that all nodes started; the wait is "
+        "distributed.rendezvous_timeout_s (or --rdzv-conf join_timeout=SECONDS)"
     )
 
 
