@@ -240,9 +240,11 @@ def run_command(args) -> int:
     )
     try:
         if distributed.is_launched():  # every process runs the same settings, or none runs
-            from reinforge.cluster import check_agreement
+            from reinforge.cluster import check_agreement, where_rank0_is
 
             args.node_labels = check_agreement(cfg)
+            if distributed.local_rank() == 0:  # one line per node: where rank 0's output is
+                print(where_rank0_is(args.node_labels), file=sys.stderr)
         pf = run_preflight(cfg)
         if args.dry_run:
             from reinforge.cli_output import annotated_toml, print_preflight
@@ -327,6 +329,8 @@ def finish(args, cfg, ctx) -> int:
     except Stopped as stop:
         if is_main():  # one process speaks for the job
             print(f"\nstopped by {stop.signal_name}; checkpoint saved at {stop.checkpoint}")
+            from reinforge.cluster import resume_line
+
             print(f"resume with: {resume_line(args.command, ctx.run_dir)}")
         return ExitCode.STOPPED_AFTER_SAVE
     except RunFailure as e:
@@ -371,17 +375,6 @@ def finish(args, cfg, ctx) -> int:
         )
         return ExitCode.NOTHING_TRAINED
     return ExitCode.OK
-
-
-def resume_line(command: str, run_dir: Path) -> str:
-    """How to continue the run: under torchrun, the launcher's command (any number of nodes)."""
-    from reinforge.distributed import is_launched
-
-    if is_launched():
-        from reinforge.cluster import resume_command
-
-        return resume_command(run_dir, command)
-    return f"reinforge {command} --resume {run_dir}"
 
 
 def error_file(ctx) -> Path:

@@ -162,6 +162,24 @@ def resume_command(run_dir: Path, command: str) -> str:
     return f"{prefix} -m reinforge {command} --resume {shlex.quote(str(run_dir))}"
 
 
+def resume_line(command: str, run_dir: Path) -> str:
+    """How to continue a stopped run: under torchrun the launcher's command, else ours."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return resume_command(run_dir, command)
+    return f"reinforge {command} --resume {run_dir}"
+
+
+def where_rank0_is(labels: list[str]) -> str:
+    """Where rank 0 (the console, the metrics, the summary) runs: with the c10d rendezvous
+    torchrun numbers the nodes itself. Said once per node."""
+    return (
+        f"reinforge: {len(labels)} processes; {labels[0]} prints and writes the run's files "
+        f"(said by {labels[global_rank()]})"
+    )
+
+
 def checkpoint_note(run_dir: Path) -> str:
     from reinforge.checkpoint import latest_checkpoint
 
