@@ -180,7 +180,9 @@ def where_rank0_is(labels: list[str]) -> str:
     )
 
 
-def checkpoint_note(run_dir: Path) -> str:
+def what_now(run_dir: Path, command: str) -> str:
+    """The end of a distributed failure's line: the checkpoints, and the resume command (on
+    this or any other number of nodes) when there is one."""
     from reinforge.checkpoint import latest_checkpoint
 
     try:
@@ -188,8 +190,11 @@ def checkpoint_note(run_dir: Path) -> str:
     except (AssertionError, OSError):
         latest = None
     if latest is None:
-        return "no checkpoint was saved yet (start the run again)"
-    return f"checkpoints are intact (latest: {latest.name})"
+        return "no checkpoint was saved yet: start the run again"
+    return (
+        f"checkpoints are intact (latest: {latest.name}). Resume on this or any number of "
+        f"nodes with: {resume_command(run_dir, command)}"
+    )
 
 
 def error_path(run_dir: Path) -> Path:

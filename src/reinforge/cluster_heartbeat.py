@@ -15,7 +15,7 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
-from reinforge.cluster import announce, checkpoint_note, global_rank, resume_command
+from reinforge.cluster import announce, global_rank, what_now
 from reinforge.errors import ExitCode, record_exit
 
 VERDICT = "verdict"  # the store key every process reads: why the job stops
@@ -114,10 +114,7 @@ class Heartbeat:
                 self._end(verdict)
 
     def _end(self, verdict: str) -> None:
-        line = (
-            f"{verdict}. Every process stops; {checkpoint_note(self.run_dir)}. Resume on this or "
-            f"any number of nodes with: {resume_command(self.run_dir, self.command)}"
-        )
+        line = f"{verdict}. Every process stops; {what_now(self.run_dir, self.command)}"
         announce(line, self.run_dir, self.detail)
         record_exit(ExitCode.PEER_LOST)
         os._exit(ExitCode.PEER_LOST)
@@ -177,10 +174,7 @@ def explain_failure(error: BaseException, run_dir: Path, command: str) -> tuple[
     }[kind]
     from reinforge.cluster import node_label
 
-    line = (
-        f"{what} (seen by {node_label()}). Every process stops; {checkpoint_note(run_dir)}. "
-        f"Resume on this or any number of nodes with: {resume_command(run_dir, command)}"
-    )
+    line = f"{what} (seen by {node_label()}). Every process stops; {what_now(run_dir, command)}"
     announce(line, run_dir, detail)
     stop(line)
     code = ExitCode.RUNTIME_FAILURE if kind == "mismatch" else ExitCode.PEER_LOST

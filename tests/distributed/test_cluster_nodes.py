@@ -162,6 +162,9 @@ def starts(tmp_path_factory):
     wait_all([n for nodes in jobs.values() for n in nodes])
     codes = {name: [n.wait() for n in nodes] for name, nodes in jobs.items()}
     print(f"\nwave 1 (4 two-node jobs at once): {time.monotonic() - began:.1f} s")
+    for name, nodes in jobs.items():
+        took = ", ".join(f"{n.ended - n.started:.1f} s" for n in nodes)
+        print(f"  {name}: exit codes {codes[name]}, launchers ended after {took}")
     return root, jobs, codes
 
 
@@ -202,7 +205,9 @@ def test_a_wrong_rendezvous_port_fails_within_the_timeout(starts):
     assert codes["port"] == [1, 1]
     for node in jobs["port"]:
         assert "the nodes did not meet within 5 s" in node.output
-        assert node.ended - node.started < 60  # torchrun's own wait: 10 minutes
+        # 5 s of waiting, the rest is start-up (imports: up to a minute on a busy machine);
+        # torchrun's own wait is 10 minutes
+        assert node.ended - node.started < 120
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +235,13 @@ def failures(tmp_path_factory):
         "hung": hung.wait(),
     }
     print(f"\nwave 2 (3 jobs at once): {time.monotonic() - began:.1f} s")
+    print(
+        f"  killed: exit codes {codes['killed']}, survivor ended {killed[0].ended - killed_at:.1f} s after the kill"
+    )
+    for name, node in (("stopped", stopped), ("hung", hung)):
+        print(
+            f"  {name}: exit code {codes[name]}, launcher ended after {node.ended - node.started:.1f} s"
+        )
     return root, killed, killed_at, stopped, hung, codes
 
 
@@ -261,4 +273,9 @@ def test_exit_code_4_reaches_the_caller_of_the_launcher(failures):
     assert codes["hung"] == 4, hung.output[-3000:]
     said = report(root / "runs" / "hung")
     assert said.returncode == 0 and "hung: reinforge watchdog" in said.stdout
-    assert "hang.rank1.txt" in said.stdout  # every rank's file
+    # every rank's file: rank 1 hung too, or the heartbeat told it of rank 0's hang first
+    if (root / "runs" / "hung" / "error.rank1.txt").exists():
+        assert "error.rank1.txt" in said.stdout and "failed: hung in phase" in said.stdout
+        assert "no checkpoint was saved yet: start the run again" in hung.output
+    else:
+        assert "hang.rank1.txt" in said.stdout
