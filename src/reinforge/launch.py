@@ -126,14 +126,15 @@ def rendezvous_message(args, rendezvous_s: float, error: BaseException) -> str:
         where = f"--master-addr {args.master_addr} --master-port {args.master_port}"
     else:
         where = f"--rdzv-endpoint {args.rdzv_endpoint} --rdzv-id {args.rdzv_id}"
-    if isinstance(error, RendezvousTimeoutError) or "timeout" in type(error).__name__.lower():
+    text = f"{type(error).__name__} {error}".lower()
+    if isinstance(error, RendezvousTimeoutError) or "timeout" in text or "timed out" in text:
         what = f"the nodes did not meet within {rendezvous_s:g} s"
     else:
         what = "the rendezvous failed before any process started"
     return (
         f"{what} ({where}, --nnodes {args.nnodes}; {type(error).__name__}). No process "
         "started and nothing was written. Check that every node was started with the same "
-        "endpoint (host:port) and rendezvous id, that the port is free on the host and "
+        "endpoint (host:port; and --rdzv-id for c10d), that the port is free on the host and "
         "reachable from every node (firewall), and that all nodes started; the wait is "
         "distributed.rendezvous_timeout_s (or --rdzv-conf join_timeout=SECONDS)"
     )

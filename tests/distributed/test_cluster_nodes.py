@@ -99,6 +99,12 @@ def two_nodes(root: Path, name: str, *extra: str, node1: tuple = (), cwds=(REPO,
     return nodes
 
 
+def static_nodes() -> list[list[str]]:
+    """torchrun options of nodes 0 and 1 of a static rendezvous, node 1 given another port."""
+    common = ["--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1"]
+    return [[*common, "--node-rank", str(n), "--master-port", str(free_port())] for n in (0, 1)]
+
+
 def run_args(root: Path, name: str) -> list[str]:
     return [f"run.output_dir={root / 'runs'}", f"run.name={name}"]
 
@@ -158,10 +164,19 @@ def starts(tmp_path_factory):
             cwds=(root / "a", root / "b"),
         ),
         "port": two_nodes(root, "port", *run_args(root, "port"), port=(free_port(), free_port())),
+        "static_port": [  # the static rendezvous: node 0 keeps the store, node 1 misses it
+            start(
+                root,
+                f"static_port.node{n}",
+                [*LAUNCH, *static, "-m", "reinforge", "train", *RUN, *run_args(root, "static")],
+                f"cache{n}",
+            )
+            for n, static in enumerate(static_nodes())
+        ],
     }
     wait_all([n for nodes in jobs.values() for n in nodes])
     codes = {name: [n.wait() for n in nodes] for name, nodes in jobs.items()}
-    print(f"\nwave 1 (4 two-node jobs at once): {time.monotonic() - began:.1f} s")
+    print(f"\nwave 1 (5 two-node jobs at once): {time.monotonic() - began:.1f} s")
     for name, nodes in jobs.items():
         took = ", ".join(f"{n.ended - n.started:.1f} s" for n in nodes)
         print(f"  {name}: exit codes {codes[name]}, launchers ended after {took}")
@@ -200,10 +215,11 @@ def test_a_run_directory_not_shared_by_the_nodes_stops_both(starts):
     assert said.returncode == 0 and "not shared by every node" in said.stdout
 
 
-def test_a_wrong_rendezvous_port_fails_within_the_timeout(starts):
+@pytest.mark.parametrize("job", ["port", "static_port"])
+def test_a_wrong_rendezvous_port_fails_within_the_timeout(starts, job):
     _, jobs, codes = starts
-    assert codes["port"] == [1, 1]
-    for node in jobs["port"]:
+    assert codes[job] == [1, 1]
+    for node in jobs[job]:
         assert "the nodes did not meet within 5 s" in node.output
         # 5 s of waiting, the rest is start-up (imports: up to a minute on a busy machine);
         # torchrun's own wait is 10 minutes

@@ -62,7 +62,11 @@ def cached_entry(name: str, build: Callable[[Path], None]) -> Path:
             staged = Path(tmp) / name
             build(staged)
             write_manifest(staged)
-            os.replace(staged, entry)
+            try:
+                os.replace(staged, entry)
+            except OSError:  # a builder on another node won (a shared cache whose filesystem
+                if not is_complete(entry):  # does not honour the lock): its entry is as good
+                    raise
     assert is_complete(entry), entry
     return entry
 
