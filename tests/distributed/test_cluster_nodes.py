@@ -29,6 +29,7 @@ from tests.conftest import REPO
 from tests.distributed.test_torchrun import free_port
 
 RUN = [
+    "run.device=cpu",  # gloo, also on a machine with GPUs (two "nodes" would share GPU 0)
     "model.path=builtin:micro",
     "task.max_digits=1",
     "task.num_eval=4",
