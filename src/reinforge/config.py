@@ -351,6 +351,22 @@ class DistributedSection(Section):
     saves a gather, a reduction and their host work per layer and micro-batch. "auto": the
     memory planner turns it on when it fits beside the rest of the training peak (`--dry-run`
     shows its choice). Ignored in a single process."""
+    collective_timeout_s: float = Field(900.0, gt=0.0, le=604_800.0)
+    """Seconds one collective (an all-reduce, a broadcast, a barrier) may wait for the other
+    processes before the run fails with a message naming it (torch's own default is 30
+    minutes). It covers what one process does while the others wait: rank 0 writing a
+    checkpoint, a node downloading the model the others have cached; raise it for very large
+    models. A frozen or lost process is named sooner, by the heartbeat. Ignored in a single
+    process."""
+    heartbeat_timeout_s: float = Field(60.0, ge=0.0, le=604_800.0)
+    """Every process beats through the job's store several times within this many seconds; a
+    process that misses them all for this long (frozen, or its node gone) is named by the
+    others, which stop with exit code 6 (checkpoints intact; resume on any number of nodes).
+    Independent of training progress (the watchdog watches that). 0 = off."""
+    rendezvous_timeout_s: float = Field(300.0, gt=0.0, le=604_800.0)
+    """Seconds `reinforge launch` lets the nodes meet (torchrun's --rdzv-conf join_timeout for
+    c10d, timeout for the static rendezvous; torchrun's own default is 10 minutes); a node that
+    waits longer fails with a message listing what to check. An explicit --rdzv-conf wins."""
 
 
 class LogSection(Section):

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from reinforge.errors import ExitCode
+from reinforge.errors import ExitCode, record_exit
 
 # Phases in which parameters, optimizer and algorithm state equal the last step boundary's.
 CONSISTENT_PHASES = frozenset({"generation", "reward", "tool", "logging", "eval"})
@@ -128,6 +128,10 @@ class Watchdog:
             f"reinforge: hung in phase '{phase}'; exiting with code {int(ExitCode.HANG)}\n"
         )
         sys.stderr.flush()
+        from reinforge.cluster_heartbeat import stop
+
+        stop(f"hung in phase '{phase}' (exit code {int(ExitCode.HANG)})")  # the others stop too
+        record_exit(ExitCode.HANG)
         os._exit(ExitCode.HANG)
 
 
