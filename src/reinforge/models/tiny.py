@@ -10,10 +10,9 @@ whatever the number of processes asking, and published whole.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-from reinforge.models.cache import cache_dir, cached_entry
+from reinforge.models.cache import cached_entry
 
 BUILTIN_PREFIX = "builtin:"
 SPECS = {
