@@ -46,7 +46,8 @@ LAYERS = [
     ["reinforge.models"],
     ["reinforge.rollout"],
     ["reinforge.eval", "reinforge.eval_metrics"],
-    ["reinforge.run"],
+    # one run's process: its directory and summary, and the checks across a cluster's ranks
+    ["reinforge.run", "reinforge.cluster", "reinforge.cluster_heartbeat"],
     ["reinforge.train"],
     # what one command adds on top of training and evaluation
     [
@@ -59,7 +60,14 @@ LAYERS = [
         "reinforge.report",
         "reinforge.report_html",
     ],
-    ["reinforge.cli", "reinforge.cli_models", "reinforge.cli_output", "reinforge.__main__"],
+    # the commands; `launch` (torchrun around them) is handed the CLI's parser, never imports it
+    [
+        "reinforge.cli",
+        "reinforge.cli_models",
+        "reinforge.cli_output",
+        "reinforge.__main__",
+        "reinforge.launch",
+    ],
 ]
 
 

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["launch"]:  # torchrun's own arguments follow: no parsing of ours
         from reinforge.launch import launch
 
-        return launch(argv[1:])
+        return launch(argv[1:], parse_command=build_parser().parse_known_args)
     code = run_main(argv)
     record_exit(code)  # for `reinforge launch`, which torchrun would otherwise tell only "1"
     return code

@@ -15,6 +15,7 @@ import traceback
 from datetime import timedelta
 from pathlib import Path
 
+from reinforge import watchdog
 from reinforge.cluster import announce, global_rank, what_now
 from reinforge.errors import ExitCode, record_exit
 
@@ -127,6 +128,7 @@ def start(labels: list[str], timeout_s: float, run_dir: Path, command: str) -> N
     global _active
     if timeout_s > 0 and len(labels) > 1 and "MASTER_ADDR" in os.environ:
         _active = Heartbeat(labels, timeout_s, run_dir, command).start()
+        watchdog.set_before_hang_exit(stop)
 
 
 def stop(failure: str | None = None) -> None:

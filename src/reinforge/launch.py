@@ -23,6 +23,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from reinforge.errors import EXIT_DIR_ENV, ExitCode
@@ -32,7 +33,9 @@ THEN = (ExitCode.STOPPED_AFTER_SAVE, ExitCode.NOTHING_TRAINED, ExitCode.OK)
 SHUTDOWN_TIMEOUT_S = 600
 
 
-def launch(argv: list[str]) -> int:
+def launch(argv: list[str], parse_command: Callable | None = None) -> int:
+    """`parse_command`: the CLI parser's `parse_known_args`, to read the rendezvous timeout from
+    the config the workers will run (the CLI hands it over; this module does not import it)."""
     from torch.distributed.run import parse_args
 
     from reinforge.cluster import LAUNCH_ARGS_ENV
@@ -44,7 +47,7 @@ def launch(argv: list[str]) -> int:
     args = parse_args(argv)
     script_at = len(argv) - len(args.training_script_args) - 1
     options = argv[: script_at - (1 if args.module else 0)]
-    rendezvous_s = _rendezvous_timeout(args)
+    rendezvous_s = _rendezvous_timeout(args, parse_command)
     if not args.rdzv_conf:
         args.rdzv_conf = f"join_timeout={rendezvous_s:g},timeout={rendezvous_s:g}"
     if not any(a.startswith(("--shutdown-timeout", "--shutdown_timeout")) for a in options):
@@ -140,20 +143,21 @@ def rendezvous_message(args, rendezvous_s: float, error: BaseException) -> str:
     )
 
 
-def _rendezvous_timeout(args) -> float:
+def _rendezvous_timeout(args, parse_command) -> float:
     """distributed.rendezvous_timeout_s of the config the workers will run (its default when
     the command's config cannot be read here; the workers then report why)."""
     from reinforge.config import DistributedSection
 
     default = DistributedSection().rendezvous_timeout_s
     command = args.training_script_args[:1]
-    if not (args.module and args.training_script == "reinforge" and command == ["train"]):
+    if parse_command is None or not (
+        args.module and args.training_script == "reinforge" and command == ["train"]
+    ):
         return default
     try:
-        from reinforge.cli import build_parser
         from reinforge.config import ROOTS, load_config
 
-        parsed, extra = build_parser().parse_known_args(args.training_script_args)
+        parsed, extra = parse_command(args.training_script_args)
         overrides = [*parsed.overrides, *extra]
         config = parsed.config
         if config and "=" in config and not Path(config).exists():
