@@ -39,11 +39,11 @@ from episodes_bench import TEMPLATE, ToolTurnsEnv, tasks_of  # noqa: E402
 from reinforge.engine.paged import PagedEngine  # noqa: E402
 from reinforge.envs.agent_task import AgentEnv, AgentTasks, check_agent_extra  # noqa: E402
 from reinforge.envs.env_tasks import EnvTasks, EpisodeScorer  # noqa: E402
+from reinforge.models.loading import load_model, load_tokenizer, model_source  # noqa: E402
 from reinforge.rewards.mix import RewardSpec  # noqa: E402
 from reinforge.rollout.agents import endpoint_for, play_agents  # noqa: E402
 from reinforge.rollout.sampling import sampling_params  # noqa: E402
 from reinforge.rollout.trajectories import play  # noqa: E402
-from reinforge.train.common import load_model, load_tokenizer, model_source  # noqa: E402
 
 REPLY = " ".join(f"t{i % 1000 + 1}" for i in range(32))  # ToolTurnsEnv's reply
 

@@ -11,10 +11,10 @@ from reinforge.engine.base import SamplingParams
 from reinforge.engine.factory import build_engine
 from reinforge.engine.paged import PagedEngine
 from reinforge.errors import RunFailure
+from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.models.tiny import builtin_path
 from reinforge.rollout.agents import endpoint_for, play_agents
 from reinforge.rollout.trajectories import episode_metrics
-from reinforge.train.common import load_model, load_tokenizer
 
 from .helpers import agent_tasks, greedy, task
 

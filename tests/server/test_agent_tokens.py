@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from reinforge.engine.factory import build_engine
+from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.rollout.agents import play_agents
-from reinforge.train.common import load_model, load_tokenizer
 
 from ..agents.helpers import agent_tasks, greedy, task
 from .conftest import WEATHER_CALL, WEATHER_MESSAGES
