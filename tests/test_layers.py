@@ -44,7 +44,20 @@ LAYERS = [
         "reinforge.checkpoint_sharded",
     ],
     ["reinforge.models"],
-    ["reinforge.rollout"],
+    [
+        "reinforge.rollout",
+        # the OpenAI endpoint's serving parts: agent rollouts serve the policy through them in
+        # process (server/loading.py, which loads a model for `reinforge serve`, stays above)
+        "reinforge.server.app",
+        "reinforge.server.backend",
+        "reinforge.server.batching",
+        "reinforge.server.detokenize",
+        "reinforge.server.in_process",
+        "reinforge.server.limits",
+        "reinforge.server.protocol",
+        "reinforge.server.recording",
+        "reinforge.server.responses",
+    ],
     ["reinforge.eval", "reinforge.eval_metrics"],
     # one run's process: its directory and summary, and the checks across a cluster's ranks
     ["reinforge.run", "reinforge.cluster", "reinforge.cluster_heartbeat"],
