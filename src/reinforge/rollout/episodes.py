@@ -65,6 +65,9 @@ class Episode:
     turns: list[Completion] = field(default_factory=list)  # the engine's output of each turn
     error: str | None = None  # the env's exception, when it raised
     delta: DeltaRenderer = field(default_factory=DeltaRenderer, repr=False)
+    # a branch (rollout.branching): (its parent's index in the group, the parent's completion
+    # tokens when it branched); (None, 0) for an episode sampled from the prompt
+    lineage: tuple[int | None, int] = (None, 0)
 
     @property
     def num_ids(self) -> int:
