@@ -1,7 +1,9 @@
-"""E3: multi-turn tool episodes on one device: the turn-by-turn loop (a barrier per turn, every
-later turn re-prefilled) against episodes that run on their own (continuous: tools overlap
-generation, history kept in the KV pool), and plain sampling against ARPO's branching at the
-same budget, through the rollout code itself.
+"""E3: multi-turn tool episodes on one device, through the rollout code itself. Four modes:
+`barrier-full` (the turn-by-turn loop as of session 10: a barrier per turn, every later turn's
+history prefilled again, the env reply's delta from two renders of the whole conversation),
+`barrier` (the same with the delta from a stand-in history, rollout/delta.py), `continuous`
+(episodes on their own: tools overlap generation, history kept in the KV pool) and `branching`
+(ARPO's branching over continuous episodes at the same budget).
 
     python bench/e3_bench.py [--shapes qwen2.5-0.5b,qwen2.5-7b] [--prompts 64] [--samples 8]
         [--turns 3] [--tool-latency 0.05] [--turn-tokens 128] [--prompt-len 256]
@@ -38,10 +40,17 @@ from reinforge.engine.paged import PagedEngine  # noqa: E402
 from reinforge.rollout import episodes  # noqa: E402
 from reinforge.rollout.branching import Branching  # noqa: E402
 from reinforge.rollout.continuous import LoopStats, run_continuous  # noqa: E402
+from reinforge.rollout.delta import DeltaRenderer, environment_delta  # noqa: E402
 from reinforge.rollout.sampling import sampling_params  # noqa: E402
 from reinforge.train.common import load_model, load_tokenizer, model_source  # noqa: E402
 
-MODES = ("barrier", "continuous", "branching")
+# barrier-full: the loop as it was (session 10): every env reply's delta from two renders of the
+# whole conversation; barrier: the same loop with the delta from a stand-in history
+MODES = ("barrier-full", "barrier", "continuous", "branching")
+
+
+def full_render(self, tokenizer, conversation, env_messages, tools, ended_with_stop):
+    return environment_delta(tokenizer, conversation, env_messages, tools, ended_with_stop), True
 
 
 def run_barrier(engine, tok, env, tasks, params, limits, args) -> dict:
@@ -129,8 +138,14 @@ def bench_shape(shape: str, args, device, dtype) -> dict:
         for prompts, label in ((min(8, args.prompts), "warm-up"), (args.prompts, "measured")):
             tasks = tasks_of(prompts, args.prompt_len, model.config.vocab_size)
             for mode in MODES:
-                if mode == "barrier":
-                    r = run_barrier(engine, tok, env, tasks, params, limits, args)
+                if mode.startswith("barrier"):
+                    stand_in = DeltaRenderer.delta
+                    if mode == "barrier-full":
+                        DeltaRenderer.delta = full_render
+                    try:
+                        r = run_barrier(engine, tok, env, tasks, params, limits, args)
+                    finally:
+                        DeltaRenderer.delta = stand_in
                 else:
                     chosen = branching if mode == "branching" else None
                     r = run_loop(engine, tok, env, tasks, params, limits, args, chosen)
@@ -152,20 +167,20 @@ def print_table(shape: str, results: dict, args, device_name: str) -> None:
         f"branch size {args.branch_size}"
     )
     print(
-        f"{'mode':<11} {'seconds':>8} {'tokens/s':>9} {'traj tok':>9} {'idle':>6} "
+        f"{'mode':<13} {'seconds':>8} {'tokens/s':>9} {'traj tok':>9} {'idle':>6} "
         f"{'KV peak':>8} {'prefill':>9} {'episodes':>8} {'branches':>8} {'filled':>6}"
     )
     for mode, r in results.items():
         print(
-            f"{mode:<11} {r['seconds']:>8.2f} {r['tokens_per_s']:>9.0f} "
+            f"{mode:<13} {r['seconds']:>8.2f} {r['tokens_per_s']:>9.0f} "
             f"{r['trajectory_tokens']:>9} {r['idle_share']:>6.1%} {r['kv_blocks_peak']:>8.0f} {r['prefill_tokens']:>9.0f} "
             f"{r['episodes']:>8} {r['branches']:>8} {r['filled']:>6}"
         )
-    base = results["barrier"]
-    for mode in ("continuous", "branching"):
+    base = results["barrier-full"]
+    for mode in ("barrier", "continuous", "branching"):
         r = results[mode]
         print(
-            f"{mode} / barrier: {base['seconds'] / r['seconds']:.2f}x faster, "
+            f"{mode} / barrier-full: {base['seconds'] / r['seconds']:.2f}x faster, "
             f"{r['tokens_per_s'] / base['tokens_per_s']:.2f}x tokens/s"
         )
 
@@ -181,7 +196,7 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--turn-tokens", type=int, default=128)
     parser.add_argument("--tool-latency", type=float, default=0.05)
-    parser.add_argument("--kv-gib", type=float, default=24.0)
+    parser.add_argument("--kv-gib", type=float, default=40.0)
     parser.add_argument("--env-workers", type=int, default=32)
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     args = parser.parse_args()

@@ -1,12 +1,17 @@
 """Advantage attribution of branched episodes, by hand-computed examples."""
 
+import json
+
 import pytest
 import torch
 
 from reinforge.config import GRPOAlgorithm, RolloutSection
+from reinforge.errors import ExitCode
 from reinforge.rollout.branching import Branching, shared_lengths, shared_token_advantages
 from reinforge.train.advantage_step import Algorithm, assign_advantages, build_step_batch
 from reinforge.types import Completion, Group, Message, Task, Trajectory
+
+from ..conftest import REPO, cli
 
 TASK = Task("t", (Message("user", "q"),), "")
 
@@ -77,3 +82,28 @@ def test_branching_section_and_its_budget_rule():
     assert b.branches_after({"x"}) and not b.branches_after({"y"})
     with pytest.raises(ValueError, match="initial_samples=8 exceeds the budget"):
         RolloutSection(samples_per_prompt=4, branching={"enabled": True, "initial_samples": 8})
+
+
+def test_the_branching_example_trains_a_step(tmp_path):
+    """configs/tools_branching.toml through `reinforge train` (micro model, one short step)."""
+    out = cli(
+        "train",
+        str(REPO / "configs" / "tools_branching.toml"),
+        "model.path=builtin:micro",
+        f"run.output_dir={tmp_path}",
+        "run.max_steps=1",
+        "sft.steps=0",
+        "eval.num_tasks=2",
+        "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=4",
+        "rollout.branching.initial_samples=2",
+        "rollout.max_new_tokens=24",
+        "task.max_turns=2",
+        "task.max_context=256",
+        "train.micro_batch_tokens=1024",
+        cwd=REPO,
+    )
+    assert out.returncode == ExitCode.OK, out.stdout[-2000:] + out.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "tools_branching" / "metrics.jsonl").open()]
+    steps = [r for r in rows if r.get("phase") == "rl" and "tool_call_rate" in r]
+    assert len(steps) == 1 and "reward_env" in steps[0]

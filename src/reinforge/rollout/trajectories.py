@@ -107,6 +107,8 @@ def play(
     ]
     if branching is not None and branching.attribution == "hard":
         for group, episodes in zip(groups, episode_groups):
+            if all(e.lineage[0] is None for e in episodes):
+                continue  # no branch: nothing shared past the prompt
             shared = shared_lengths([e.lineage for e in episodes])
             for traj, row in zip(group.trajectories, shared):
                 traj.shared_tokens = tuple(row)
