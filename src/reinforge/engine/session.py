@@ -32,6 +32,7 @@ import time
 
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.block_manager import BlockManager
+from reinforge.engine.model_runner import CPU_KV_GROWTH_LIMIT_BYTES, kv_bytes_per_block
 from reinforge.engine.paged import PagedEngine, StepTimers
 from reinforge.engine.scheduler import Scheduler
 from reinforge.engine.sequence import PENDING, Sequence, SequenceStatus
@@ -48,7 +49,8 @@ class EngineSession:
         runner = engine.runner
         runner.restore()
         if engine.pool_grows and num_blocks:
-            runner.grow_pool(num_blocks)
+            limit = CPU_KV_GROWTH_LIMIT_BYTES // kv_bytes_per_block(engine.model, engine.block_size)
+            runner.grow_pool(min(num_blocks, limit))
         runner.ensure_max_len(max_len)
         runner.begin_generate()
         self.scheduler = Scheduler(
@@ -163,21 +165,29 @@ class EngineSession:
             self._busy_since = None
 
     def _make_room(self) -> None:
-        """With nothing running, the first waiting request must fit: take pages back from
-        parked sequences, then from waiting ones (recomputed in full)."""
+        """Pages for the next step, taken back from parked sequences (oldest first) before the
+        scheduler would preempt a running one for them; with nothing running, the first waiting
+        request must fit: then from waiting ones too (recomputed in full)."""
         scheduler, bm = self.scheduler, self.block_manager
-        if scheduler.running or not scheduler.waiting:
+        running, waiting = scheduler.running, scheduler.waiting
+        if running and bm.num_free_blocks < len(running):  # cheap test first
+            need = sum(bm.num_blocks_to_append(seq) for seq in running)
+            while bm.num_free_blocks < need and self.parked:
+                self._reclaim_oldest()
+        if running or not waiting:
             return
-        first = scheduler.waiting[0]
-        while not bm.can_prefill(first[0]) and self.parked:
-            oldest = next(iter(self.parked.values()))
-            self.release(oldest)
-            self.num_reclaimed += 1
-        for group in scheduler.waiting:
-            if bm.can_prefill(first[0]):
+        first = waiting[0][0]
+        while not bm.can_prefill(first) and self.parked:
+            self._reclaim_oldest()
+        for group in waiting:
+            if bm.can_prefill(first):
                 return
             for seq in group:
                 if seq.block_table:
                     bm.free(seq)
                     self.num_reclaimed += 1
             assert all(seq.status is SequenceStatus.WAITING for seq in group)
+
+    def _reclaim_oldest(self) -> None:
+        self.release(next(iter(self.parked.values())))
+        self.num_reclaimed += 1
