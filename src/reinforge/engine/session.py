@@ -21,8 +21,9 @@ frees the pages of finished sequences first (oldest first), then those held by w
 A sequence may ask for the sampler's entropy over its first `entropy_window` output positions
 (`Sequence.entropies`), computed from the logits the sampler reads.
 
-Device time is tracked as the wall time during which a step is queued or running
-(`seconds_busy`); the rest of a caller's wall time is device idle (host work, tool waits).
+Engine time (`seconds_busy`) is the wall time inside `step` or with a step queued between
+calls (as `generate`'s wall time is for a batch); the rest of a caller's wall time the device
+idles (tool waits, host work outside the engine).
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ class EngineSession:
         """Run one engine step (overlapped with the next as `generate` does); the sequences that
         finished in it, in batch order."""
         engine, timers = self.engine, self.timers
+        if self._busy_since is None:
+            self._busy_since = time.perf_counter()
         if self.inflight is None:
             self._make_room()
         ahead = engine._launch_ahead(self.scheduler, self.inflight, self.params, timers)
@@ -157,11 +160,9 @@ class EngineSession:
         )
 
     def _track_busy(self) -> None:
-        now = time.perf_counter()
-        if self.inflight is not None and self._busy_since is None:
-            self._busy_since = now
-        elif self.inflight is None and self._busy_since is not None:
-            self.seconds_busy += now - self._busy_since
+        """A busy stretch runs from a `step` with nothing in flight until no step is queued."""
+        if self.inflight is None and self._busy_since is not None:
+            self.seconds_busy += time.perf_counter() - self._busy_since
             self._busy_since = None
 
     def _make_room(self) -> None:
