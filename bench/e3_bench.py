@@ -14,7 +14,7 @@ the env (`episodes_bench.ToolTurnsEnv`) answers `--turns` turns with a 32-word t
 `--tool-latency` seconds, then ends. Per shape, each mode runs once on 8 prompts (warm-up: pool,
 graphs), then measured on `--prompts`. Printed per mode: seconds, generated tokens/s (sampled by the
 engine: a branch's shared prefix once), trajectory tokens (what the trainer gets), device idle
-share (wall time with no engine step queued: tool waits and host work), peak KV pages,
+share (wall time outside the engine: not in a generate or session step, no step queued), peak KV pages,
 prefill tokens computed, branches and filled episodes. JSON in $OUT (or --out).
 """
 

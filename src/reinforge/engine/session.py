@@ -132,13 +132,13 @@ class EngineSession:
             engine._commit(self.scheduler, self.inflight, self.finish_reason, timers)
             self.num_generated_tokens += len(running)
             finished = [seq for seq in running if seq.is_finished]
+            for seq in finished:  # reclaimable from now on
+                self.parked[seq.seq_id] = seq
             beat()
         if ahead is None and not self.scheduler.is_finished():
             self._make_room()
         self.inflight = ahead or engine._launch_next(self.scheduler, self.params, timers)
         self._track_busy()
-        for seq in finished:
-            self.parked[seq.seq_id] = seq
         return finished
 
     def close(self) -> None:
