@@ -63,9 +63,11 @@ def micro(seed=0):
 TASKS = [Task(f"q{i}", (Message("user", f"question {i}: go"),), "") for i in range(3)]
 
 
-def test_continuous_episodes_give_the_barrier_loops_ids_greedy(tok):
-    model = scramble(micro(), seed=1)
-    engine = PagedEngine(model, tok, block_size=4)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_continuous_episodes_give_the_barrier_loops_ids_greedy(tok, device):
+    """On CUDA: decode graphs, Triton attention, forks' page copies on the device."""
+    model = scramble(micro(), seed=1).to(device)
+    engine = PagedEngine(model, tok, block_size=4, num_blocks=None if device == "cpu" else 512)
     env = ScriptedReplies(["result one", "result two"])
     params = SamplingParams(max_new_tokens=6, temperature=0.0)
     limits = EpisodeLimits(max_turns=4, max_tokens_per_turn=6, max_context=200)
