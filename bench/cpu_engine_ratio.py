@@ -25,8 +25,8 @@ from reinforge.data.chat import render_prompt
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.paged import PagedEngine
 from reinforge.engine.simple import SimpleEngine
+from reinforge.models.loading import load_model, load_tokenizer, model_source
 from reinforge.tasks import build_task_source
-from reinforge.train.common import load_model, load_tokenizer, model_source
 
 
 def build(lora_rank: int):

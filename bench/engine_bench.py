@@ -49,6 +49,8 @@ WORKLOADS = {
     # HF generate at 7B takes minutes for the whole workload: by default it is timed on one batch
     # of 256 and 256 new tokens (shorter contexts than the workload: flatters HF)
     "E2": Workload("qwen2.5-7b", 64, 8, 256, 1024, hf_new_tokens=256, hf_batches=1),
+    # issue 27: Qwen3-30B-A3B (128 experts, 8 per token); HF timed as for E2
+    "E4": Workload("qwen3-30b-a3b", 64, 8, 256, 1024, hf_new_tokens=256, hf_batches=1),
 }
 
 
@@ -121,6 +123,16 @@ def floor_seconds(model, config, w: Workload, new_tokens: int, num_seqs: int, bw
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     kv_per_token = kv_bytes_per_block(model, 1)
     linear_params = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    linear_bytes = 2 * linear_params
+    if getattr(config, "num_experts", 0):  # MoE: experts are read only where a token went
+        stacked = [p for n, p in model.named_parameters() if ".experts." in n]
+        expert_bytes = sum(p.numel() * p.element_size() for p in stacked)
+        active = config.num_experts_per_tok / config.num_experts
+        linear_params += sum(p.numel() for p in stacked) * active  # each token: k experts
+        # a step of B tokens reads each expert with probability 1 - (1 - k/E)^B
+        touched = 1 - (1 - active) ** num_seqs
+        param_bytes = param_bytes - expert_bytes + expert_bytes * touched
+        linear_bytes += expert_bytes * touched
     shape = ModelShape.from_config(config)
     attn_flops_per_key = 4 * shape.num_heads * shape.head_dim * shape.num_layers
     prefill_tokens = w.prompt_len * num_seqs // w.n
@@ -129,7 +141,7 @@ def floor_seconds(model, config, w: Workload, new_tokens: int, num_seqs: int, bw
     for j in range(1, new_tokens):  # decode step j attends to prompt + j tokens
         keys = num_seqs * (w.prompt_len + j)
         bandwidth += (param_bytes + keys * kv_per_token) / bw
-        roofline += max(2 * linear_params * num_seqs / flops, 2 * linear_params / bw)
+        roofline += max(2 * linear_params * num_seqs / flops, linear_bytes / bw)
         roofline += max(attn_flops_per_key * keys / flops, keys * kv_per_token / bw)
     return bandwidth, roofline, param_bytes, kv_per_token
 

@@ -30,10 +30,10 @@ sys.path.insert(0, str(HERE.parent / "src"))
 from reinforge.engine.paged import PagedEngine  # noqa: E402
 from reinforge.envs import EnvState, Message, StepResult, Task  # noqa: E402
 from reinforge.envs.env_tasks import EnvTasks, EpisodeScorer  # noqa: E402
+from reinforge.models.loading import load_model, load_tokenizer, model_source  # noqa: E402
 from reinforge.rewards.mix import RewardSpec  # noqa: E402
 from reinforge.rollout import episodes  # noqa: E402
 from reinforge.rollout.sampling import sampling_params  # noqa: E402
-from reinforge.train.common import load_model, load_tokenizer, model_source  # noqa: E402
 
 # The shape tokenizer's template joins contents; this one closes each turn with EOS, as real
 # chat templates do (the episode loop finds where a turn ends by it).

@@ -43,6 +43,17 @@ WORKLOADS = {
         lora_rank=32,
         peer_micro_batch=16,
     ),
+    # issue 27: GSPO on the Qwen3-30B-A3B shape, one H200, no peer (--skip-peer)
+    "G3": dict(
+        config="configs/bench/g3.toml",
+        shape="bench/shapes/qwen3-30b-a3b.json",
+        prompts=64,
+        group=8,
+        prompt_len=256,
+        new_tokens=1024,
+        lora_rank=32,
+        peer_micro_batch=16,
+    ),
 }
 
 
@@ -100,12 +111,19 @@ def summarise(rows: list[dict], w: dict, wall: float, profile_step: int = 0) -> 
         "train_mfu_vs_796tflops": round(flops_per_token * computed / train_s / 796e12, 3),
         "peak_gib": round(max(r.get("gpu_peak_gib", 0.0) for r in rows), 2),
         "wall_s": round(wall, 1),
+        **(
+            {"staleness": [r["rollout_staleness"] for r in rows]}
+            if "rollout_staleness" in rows[0]
+            else {}
+        ),
     }
 
 
 def model_params(shape: dict) -> int:
-    """Parameters of a Qwen2-style decoder from its config fields."""
+    """Parameters of a Qwen2-style decoder from its config fields (MoE: those a token reads)."""
     h, i, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+    if shape.get("num_experts"):
+        i = shape["num_experts_per_tok"] * shape["moe_intermediate_size"]
     heads, kv = shape["num_attention_heads"], shape.get("num_key_value_heads", 0)
     d = shape.get("head_dim") or h // heads
     attn = h * heads * d * 2 + h * (kv or heads) * d * 2
@@ -222,6 +240,12 @@ def main() -> None:
         help="with --nproc N: one more N-GPU run with N times the prompts per step (the same "
         "batch per GPU as the one-GPU run): throughput scaling at a fixed per-GPU batch",
     )
+    p.add_argument(
+        "--staleness",
+        default="",
+        help="with --nproc N: one more N-GPU run in the disaggregated mode for each k of this "
+        "comma list (distributed.rollout_staleness, e.g. '0,1,2'; algorithm.tis_cap = 2)",
+    )
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     a = p.parse_args()
     out = Path(a.out)
@@ -245,6 +269,12 @@ def main() -> None:
             variant = run_reinforge(name, wide, a.steps, out, overrides=grow, nproc=a.nproc)
             results[name][f"reinforge {a.nproc} GPUs, {a.nproc}x prompts"] = variant
             print(name, "reinforge", a.nproc, "GPUs weak", json.dumps(variant), flush=True)
+        for k in filter(None, a.staleness.split(",") if a.nproc > 1 else []):
+            disaggregated = ["distributed.mode=disaggregated", "algorithm.tis_cap=2.0"]
+            extra = [*disaggregated, f"distributed.rollout_staleness={k}"]
+            variant = run_reinforge(name, w, a.steps, out, overrides=extra, nproc=a.nproc)
+            results[name][f"reinforge {a.nproc} GPUs disaggregated k={k}"] = variant
+            print(name, "reinforge disaggregated k", k, json.dumps(variant), flush=True)
         if not a.skip_peer:
             results[name]["peer"] = run_peer(name, w, a.peer_steps, out)
             print(name, "peer", json.dumps(results[name]["peer"]), flush=True)

@@ -6,15 +6,14 @@ import pytest
 import torch
 
 from reinforge.checkpoint import (
-    TMP_PREFIX,
     TrainerState,
     check_disk_room,
     checkpoint_bytes,
-    latest_checkpoint,
     load_trainer_state,
     prepare_resume,
     save_checkpoint,
 )
+from reinforge.checkpoint_files import TMP_PREFIX, Saved, latest_checkpoint
 from reinforge.checkpoint_manifest import (
     MANIFEST,
     CheckpointDamaged,
@@ -22,8 +21,8 @@ from reinforge.checkpoint_manifest import (
     find_damage,
 )
 from reinforge.errors import ConfigError
+from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.models.tiny import builtin_path
-from reinforge.train.common import load_model, load_tokenizer
 from reinforge.train.optim import build_optimizer
 
 
@@ -33,16 +32,8 @@ def test_save_is_atomic_pruned_and_loadable(tmp_path):
     opt, sched = build_optimizer(model, 1e-3, (0.9, 0.99), 1e-8, 0.0, 0, 10, "constant", 1.0)
     (tmp_path / "checkpoints" / f"{TMP_PREFIX}step_000009").mkdir(parents=True)  # a crashed save
     for step in (1, 2, 3):
-        save_checkpoint(
-            tmp_path,
-            f"step_{step:06d}",
-            model,
-            tok,
-            opt,
-            sched,
-            TrainerState("rl", step, step * 4),
-            keep_last=2,
-        )
+        saved = Saved(model, tok, TrainerState("rl", step, step * 4), opt, sched)
+        save_checkpoint(tmp_path, f"step_{step:06d}", saved, keep_last=2)
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["latest", "step_000002", "step_000003"]  # pruned, half-written folder removed
     latest = latest_checkpoint(tmp_path)
@@ -78,7 +69,9 @@ def three_saves(tmp_path):
     opt, sched = build_optimizer(model, 1e-3, (0.9, 0.99), 1e-8, 0.0, 0, 10, "constant", 1.0)
     for step in (1, 2, 3):
         state = TrainerState("rl", step, step * 4)
-        save_checkpoint(tmp_path, f"step_{step:06d}", model, tok, opt, sched, state, keep_last=3)
+        save_checkpoint(
+            tmp_path, f"step_{step:06d}", Saved(model, tok, state, opt, sched), keep_last=3
+        )
     return tmp_path, tmp_path / "checkpoints"
 
 

@@ -8,19 +8,22 @@ import pytest
 import torch
 
 from reinforge.checkpoint import (
-    TMP_PREFIX,
     NonFiniteState,
     TrainerState,
-    checkpoints_dir,
-    clean_incomplete,
-    latest_checkpoint,
     load_trainer_state,
     save_checkpoint,
     wait_for_saves,
 )
+from reinforge.checkpoint_files import (
+    TMP_PREFIX,
+    Saved,
+    checkpoints_dir,
+    clean_incomplete,
+    latest_checkpoint,
+)
 from reinforge.faults import FaultPlan, InjectedFault, install
+from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.models.tiny import builtin_path
-from reinforge.train.common import load_model, load_tokenizer
 from reinforge.train.optim import build_optimizer
 
 
@@ -46,7 +49,8 @@ def file_hash(path) -> str:
 def save(tmp_path, trainer, step: int, **kwargs):
     model, tok, opt, sched = trainer
     state = TrainerState("rl", step, step * 4)
-    return save_checkpoint(tmp_path, f"step_{step:06d}", model, tok, opt, sched, state, 2, **kwargs)
+    saved = Saved(model, tok, state, opt, sched)
+    return save_checkpoint(tmp_path, f"step_{step:06d}", saved, 2, **kwargs)
 
 
 def crash_point(root) -> str:

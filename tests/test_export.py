@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from reinforge.checkpoint import TrainerState, save_checkpoint
+from reinforge.checkpoint_files import Saved
 from reinforge.errors import ConfigError
 from reinforge.export import ExportError, export
 from reinforge.models.tiny import builtin_path
@@ -34,9 +35,8 @@ def logits(model) -> torch.Tensor:
 
 
 def save_run(run_dir, model) -> None:
-    save_checkpoint(
-        run_dir, "step_000001", model, micro_tokenizer(), None, None, TrainerState("rl", 1, 4)
-    )
+    saved = Saved(model, micro_tokenizer(), TrainerState("rl", 1, 4))
+    save_checkpoint(run_dir, "step_000001", saved)
 
 
 def lora_run(run_dir, perturb: bool = True):

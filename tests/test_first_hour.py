@@ -14,8 +14,8 @@ from reinforge.report import headline_rows
 
 
 def _tiny():
+    from reinforge.models.loading import load_model, load_tokenizer
     from reinforge.models.tiny import builtin_path
-    from reinforge.train.common import load_model, load_tokenizer
 
     path = str(builtin_path("micro", 0))
     return load_model(path, torch.device("cpu"), torch.float32), load_tokenizer(path)

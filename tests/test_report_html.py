@@ -44,8 +44,8 @@ def run_dir(tmp_path_factory) -> Path:
 
 def tool_episode_row(reward: float) -> dict:
     from reinforge.metrics import episode_fields
+    from reinforge.models.loading import load_tokenizer
     from reinforge.models.tiny import builtin_path
-    from reinforge.train.common import load_tokenizer
     from reinforge.types import Completion, Message, Task, Trajectory
 
     tok = load_tokenizer(str(builtin_path("micro", 0)))

@@ -29,38 +29,37 @@ The contract:
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from reinforge.checkpoint_manifest import OnDamaged, choose_intact, write_manifest
+from reinforge.checkpoint_files import (
+    EXTRA_STATE_FILE,
+    TMP_PREFIX,
+    Saved,
+    TrainerState,
+    checkpoint_order,
+    checkpoints_dir,
+    clean_incomplete,
+    publish,
+    read_latest,
+    rng_file,
+    write_atomic,
+)
+from reinforge.checkpoint_manifest import OnDamaged, choose_intact
 from reinforge.distributed import any_rank, is_distributed, local_tensor, rank
 from reinforge.errors import RunFailure
 from reinforge.faults import maybe_fail
 
-TMP_PREFIX = ".tmp-"
-EXTRA_STATE_FILE = "algorithm_state.pt"
-
 
 class NonFiniteState(RunFailure):
     """The model holds a NaN or infinity: saving it would make the last good checkpoint unusable."""
-
-
-@dataclass
-class TrainerState:
-    phase: str  # "sft" or "rl"
-    step: int  # optimizer steps completed in this phase
-    data_position: int  # train tasks consumed so far (all phases)
-    sft_done: bool = False
-    micro_batch_tokens: int | None = None  # the run's packing budget, reused on resume
-    non_finite_streak: int = 0  # consecutive skipped non-finite steps up to `step`
 
 
 @dataclass
@@ -74,10 +73,6 @@ class _Snapshot:
     extra_state: dict | None
     rng: dict
     state: dict
-
-
-def checkpoints_dir(run_dir: Path) -> Path:
-    return run_dir / "checkpoints"
 
 
 def checkpoint_bytes(model, optimizer_state_bytes: int) -> int:
@@ -122,39 +117,39 @@ def check_disk_room(run_dir: Path, need: int, keep_last: int) -> str | None:
 def save_checkpoint(
     run_dir: Path,
     name: str,
-    model,
-    tokenizer,
-    optimizer,
-    scheduler,
-    state: TrainerState,
+    saved: Saved,
     keep_last: int | None = None,
-    extra_state: dict | None = None,
-    rng: dict | None = None,
     asynchronous: bool = False,
 ) -> Path:
     """Write checkpoint `name`; returns its final path (durable once this returns, or, when
-    asynchronous, once the next save or `wait_for_saves` returns). `rng` defaults to now's."""
+    asynchronous, once the next save or `wait_for_saves` returns)."""
     wait_for_saves()
     root = checkpoints_dir(run_dir)
-    assert _read_latest(root) != name, f"checkpoint {name} is `latest`; it is never rewritten"
-    check_finite(model, name)
+    assert read_latest(root) != name, f"checkpoint {name} is `latest`; it is never rewritten"
+    check_finite(saved.model, name)
+    saved = replace(saved, rng=saved.rng or rng_state())
     if is_distributed():  # every rank writes its shards (collective; never asynchronous)
         from reinforge.checkpoint_sharded import save_sharded
 
-        parts = (model, tokenizer, optimizer, scheduler, extra_state, rng or rng_state())
-        return save_sharded(root, name, *parts, asdict(state), keep_last)
+        return save_sharded(root, name, saved, keep_last)
     optimizer_blob = (
-        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
-        if optimizer is not None
+        {"optimizer": saved.optimizer.state_dict(), "scheduler": saved.scheduler.state_dict()}
+        if saved.optimizer is not None
         else None
     )
     snap = _Snapshot(
-        model, tokenizer, None, optimizer_blob, extra_state, rng or rng_state(), asdict(state)
+        saved.model,
+        saved.tokenizer,
+        None,
+        optimizer_blob,
+        saved.extra_state,
+        saved.rng,
+        asdict(saved.state),
     )
     if not asynchronous:
         return _write(root, name, snap, keep_last)
-    snap.model_state = host_copy(model.state_dict())
-    snap.optimizer_blob, snap.extra_state = host_copy((optimizer_blob, extra_state))
+    snap.model_state = host_copy(saved.model.state_dict())
+    snap.optimizer_blob, snap.extra_state = host_copy((optimizer_blob, saved.extra_state))
     global _pending
     _pending = _writer().submit(_write, root, name, snap, keep_last)
     return root / name
@@ -201,90 +196,41 @@ def _write(root: Path, name: str, snap: _Snapshot, keep_last: int | None) -> Pat
     return publish(root, name, keep_last)
 
 
-def publish(root: Path, name: str, keep_last: int | None) -> Path:
-    """Make the complete temporary folder of checkpoint `name` durable, rename it into place,
-    then move `latest` to it, and prune."""
-    tmp = root / f"{TMP_PREFIX}{name}"
-    write_manifest(tmp)
-    _fsync_dir(tmp)
-    maybe_fail("checkpoint")  # drills: a crash with every file written, before the rename
-    final = root / name
-    if final.exists():  # left by a crash before `latest` moved to it: never the one loaded
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync_parent(final)
-    maybe_fail("checkpoint")  # drills: a crash after the rename, before the pointer
-    _write_atomic(root / "latest", name)
-    if keep_last is not None:
-        _prune(root, keep_last, keep={name})
-    return final
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    root = checkpoints_dir(run_dir)
-    name = _read_latest(root)
-    if name is None:
-        return None
-    path = root / name
-    assert (path / "trainer_state.json").exists(), (
-        f"`latest` points at an incomplete checkpoint {path}"
-    )
-    return path
-
-
 def prepare_resume(run_dir: Path, on_damaged: OnDamaged = "previous") -> list[str]:
     """Before resuming (the main process): make `latest` name an intact checkpoint (its files
     against its manifest; `checkpoint_manifest.choose_intact`), then `clean_incomplete`.
     Returns what to report."""
     root = checkpoints_dir(run_dir)
-    latest = _read_latest(root)
+    latest = read_latest(root)
     assert latest is not None, f"nothing to resume in {root}"
-    chosen, notes = choose_intact(root, latest, on_damaged, _order)
+    chosen, notes = choose_intact(root, latest, on_damaged, checkpoint_order)
     if chosen != latest:
-        _write_atomic(root / "latest", chosen)
+        write_atomic(root / "latest", chosen)
     removed = clean_incomplete(run_dir)
     if removed:
         notes.append(f"resume: removed what a crash left unfinished: {', '.join(removed)}")
     return notes
 
 
-def clean_incomplete(run_dir: Path) -> list[str]:
-    """Before resuming: remove half-written folders and checkpoints newer than `latest` (a crash
-    between a rename and the pointer; the resumed run writes them again). Returns their names."""
-    root = checkpoints_dir(run_dir)
-    latest = _read_latest(root)
-    assert latest is not None, f"nothing to resume in {root}"
-    removed = []
-    for path in sorted(root.iterdir()):
-        is_tmp = path.name.startswith(TMP_PREFIX) or path.name == "latest.tmp"
-        is_newer = path.is_dir() and _order(path.name) > _order(latest)
-        if is_tmp or is_newer:
-            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink()
-            removed.append(path.name)
-    return removed
-
-
 def load_trainer_state(ckpt: Path) -> TrainerState:
     return TrainerState(**json.loads((ckpt / "trainer_state.json").read_text()))
 
 
-def load_optimizer(ckpt: Path, optimizer, scheduler, model=None) -> None:
-    """The optimizer and schedule saved in `ckpt`. A checkpoint of a distributed run, or any
-    checkpoint resumed by one, goes through `checkpoint_sharded` (which needs `model`: DCP
-    names optimizer states by their parameters' names)."""
+def load_optimizer(ckpt: Path, into: Saved) -> None:
+    """The optimizer and schedule saved in `ckpt`, loaded into `into.optimizer` and
+    `into.scheduler`. A checkpoint of a distributed run, or any checkpoint resumed by one, goes
+    through `checkpoint_sharded` (DCP names optimizer states by `into.model`'s parameters)."""
     from reinforge.checkpoint_sharded import is_sharded, load_full_optimizer, load_sharded
 
     if is_sharded(ckpt):
-        assert model is not None, "a sharded checkpoint loads through the model's names"
-        load_sharded(ckpt, model, optimizer, scheduler)
+        load_sharded(ckpt, into)
         return
     blob = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=False)
     if is_distributed():
-        assert model is not None, "sharding a saved optimizer state needs the model's names"
-        load_full_optimizer(blob["optimizer"], model, optimizer)
+        load_full_optimizer(blob["optimizer"], into.model, into.optimizer)
     else:
-        optimizer.load_state_dict(blob["optimizer"])
-    scheduler.load_state_dict(blob["scheduler"])
+        into.optimizer.load_state_dict(blob["optimizer"])
+    into.scheduler.load_state_dict(blob["scheduler"])
 
 
 def load_extra_state(ckpt: Path) -> dict:
@@ -302,11 +248,6 @@ def rng_state() -> dict:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
-
-
-def rng_file(ckpt: Path, rank: int) -> Path:
-    """Rank 0's RNG states (the only ones of a single-process run) are `rng.pt`."""
-    return ckpt / ("rng.pt" if rank == 0 else f"rng_rank{rank}.pt")
 
 
 def restore_rng(ckpt: Path) -> None:
@@ -348,61 +289,3 @@ def _writer() -> ThreadPoolExecutor:
     if _executor is None:
         _executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reinforge-checkpoint")
     return _executor
-
-
-def _read_latest(root: Path) -> str | None:
-    pointer = root / "latest"
-    return pointer.read_text().strip() if pointer.exists() else None
-
-
-def _order(name: str) -> tuple[int, int]:
-    """Where a checkpoint name sits in a run: SFT steps, the SFT result, then RL steps."""
-    kind, _, step = name.rpartition("_")
-    if name == "sft_final":
-        return (1, 0)
-    if kind in ("sft_step", "step") and step.isdigit():
-        return (0 if kind == "sft_step" else 2, int(step))
-    return (-1, 0)  # not a checkpoint folder this module writes: never removed as newer
-
-
-def _prune(root: Path, keep_last: int, keep: set[str]) -> None:
-    """Keep the newest `keep_last` folders of the saved one's kind (`step_*` or `sft_step_*`)."""
-    (saved,) = keep
-    family = saved.rstrip("0123456789")
-    steps = sorted(p for p in root.glob(f"{family}*") if p.is_dir())
-    for old in steps[:-keep_last]:
-        if old.name not in keep:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_parent(path)
-
-
-def _fsync_dir(path: Path) -> None:
-    for p in path.iterdir():
-        if p.is_file():
-            with open(p, "rb") as f:
-                os.fsync(f.fileno())
-    _fsync_folder(path)
-
-
-def _fsync_parent(path: Path) -> None:
-    _fsync_folder(path.parent)
-
-
-def _fsync_folder(path: Path) -> None:
-    """Make the names in a folder (a rename, a new file) durable: fsync the folder (POSIX)."""
-    if os.name != "posix":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

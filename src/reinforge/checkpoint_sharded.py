@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from reinforge.checkpoint import EXTRA_STATE_FILE, TMP_PREFIX, publish, rng_file
+from reinforge.checkpoint_files import EXTRA_STATE_FILE, TMP_PREFIX, Saved, publish, rng_file
 from reinforge.distributed import barrier, is_main, rank, train_group
 
 DCP_DIR = "dcp"
@@ -48,20 +49,10 @@ def _options(**kwargs):
     return StateDictOptions(ignore_frozen_params=True, **kwargs)
 
 
-def save_sharded(
-    root: Path,
-    name: str,
-    model,
-    tokenizer,
-    optimizer,
-    scheduler,
-    extra_state: dict | None,
-    rng: dict,
-    trainer_state: dict,
-    keep_last: int | None,
-) -> Path:
+def save_sharded(root: Path, name: str, saved: Saved, keep_last: int | None) -> Path:
     """Write checkpoint `name` from every rank (a collective); returns its final path, durable
-    on every rank once this returns."""
+    on every rank once this returns. `saved.rng` is this rank's RNG states."""
+    model, optimizer, rng = saved.model, saved.optimizer, saved.rng
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
@@ -89,21 +80,23 @@ def save_sharded(
     barrier()  # after the gathers: rank 0 writes the rest alone
     if is_main():
         model.save_pretrained(tmp, safe_serialization=True, state_dict=full)
-        tokenizer.save_pretrained(tmp)
-        if scheduler is not None:
-            torch.save({"scheduler": scheduler.state_dict()}, tmp / SCHEDULER_FILE)
-        if extra_state is not None:
-            torch.save(extra_state, tmp / EXTRA_STATE_FILE)
+        saved.tokenizer.save_pretrained(tmp)
+        if saved.scheduler is not None:
+            torch.save({"scheduler": saved.scheduler.state_dict()}, tmp / SCHEDULER_FILE)
+        if saved.extra_state is not None:
+            torch.save(saved.extra_state, tmp / EXTRA_STATE_FILE)
         torch.save(rng, rng_file(tmp, 0))
-        (tmp / "trainer_state.json").write_text(json.dumps(trainer_state, indent=2))
+        (tmp / "trainer_state.json").write_text(json.dumps(asdict(saved.state), indent=2))
         publish(root, name, keep_last)
     barrier()
     return root / name
 
 
-def load_sharded(ckpt: Path, model, optimizer, scheduler) -> None:
+def load_sharded(ckpt: Path, into: Saved) -> None:
     """Trainable weights and optimizer state from `ckpt`'s DCP shards, resharded onto this
-    run's processes (one process: no process group needed), and the schedule."""
+    run's processes (one process: no process group needed), and the schedule: into `into`'s
+    model, optimizer and scheduler."""
+    model, optimizer = into.model, into.optimizer
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -120,7 +113,7 @@ def load_sharded(ckpt: Path, model, optimizer, scheduler) -> None:
         options=_options(strict=False),  # the frozen weights are not in it, by design
     )
     blob = torch.load(ckpt / SCHEDULER_FILE, map_location="cpu", weights_only=False)
-    scheduler.load_state_dict(blob["scheduler"])
+    into.scheduler.load_state_dict(blob["scheduler"])
 
 
 def load_full_optimizer(saved: dict, model, optimizer) -> None:

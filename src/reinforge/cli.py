@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 
 from reinforge import cli_models
-from reinforge.errors import ConfigError, ExitCode, RunFailure
+from reinforge.errors import ConfigError, ExitCode, RunFailure, record_exit
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
         "config, failures, a sample browser) to OUT (default: RUN_DIR/report.html)",
     )
     cli_models.add_parsers(sub)  # eval, export, serve
+    sub.add_parser(
+        "launch",
+        help="torchrun, returning the workers' exit codes (3, 4, 5, 6) instead of 1",
+        description="`reinforge launch [torchrun options] -m reinforge train ...`: see "
+        "docs/distributed.md",
+    )
     return parser
 
 
@@ -108,6 +114,17 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["launch"]:  # torchrun's own arguments follow: no parsing of ours
+        from reinforge.launch import launch
+
+        return launch(argv[1:], parse_command=build_parser().parse_known_args)
+    code = run_main(argv)
+    record_exit(code)  # for `reinforge launch`, which torchrun would otherwise tell only "1"
+    return code
+
+
+def run_main(argv: list[str]) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     unknown = [x for x in extra if "=" not in x or x.startswith("-")]
@@ -142,11 +159,13 @@ def main(argv: list[str] | None = None) -> int:
 
 EXIT_CODES_HELP = """exit codes (every command):
   0  success
-  1  runtime failure (traceback in RUN_DIR/error.txt)
+  1  runtime failure (traceback in RUN_DIR/error.txt, error.rank{r}.txt for rank r)
   2  configuration error (the message names the setting and a value that works)
   3  stopped by a signal after saving a checkpoint (resume with --resume RUN_DIR)
   4  hang: no progress for watchdog.timeout_s (stacks in RUN_DIR/hang.txt)
-  5  nothing trained: the run was already at run.max_steps"""
+  5  nothing trained: the run was already at run.max_steps
+  6  another process of a torchrun job died or froze (checkpoints intact; resume on any number
+     of nodes); `reinforge launch` passes 3, 4, 5 and 6 on, torchrun turns them into 1"""
 
 
 def run_checkup(args) -> int:
@@ -212,10 +231,20 @@ def run_command(args) -> int:
     from reinforge import distributed
     from reinforge.preflight import run_preflight
 
-    mode = getattr(getattr(cfg, "distributed", None), "mode", "colocated")
+    dist_cfg = distributed_settings(cfg)
     # under torchrun (one process: nothing)
-    distributed.init_from_env(cfg.run.device, disaggregated=mode == "disaggregated")
+    distributed.init_from_env(
+        cfg.run.device,
+        disaggregated=dist_cfg.mode == "disaggregated",
+        timeout_s=dist_cfg.collective_timeout_s,
+    )
     try:
+        if distributed.is_launched():  # every process runs the same settings, or none runs
+            from reinforge.cluster import check_agreement, where_rank0_is
+
+            args.node_labels = check_agreement(cfg)
+            if distributed.local_rank() == 0:  # one line per node: where rank 0's output is
+                print(where_rank0_is(args.node_labels), file=sys.stderr)
         pf = run_preflight(cfg)
         if args.dry_run:
             from reinforge.cli_output import annotated_toml, print_preflight
@@ -237,11 +266,17 @@ def run_command(args) -> int:
         distributed.shutdown()
 
 
+def distributed_settings(cfg):
+    """`[distributed]` of a config (its defaults for a root without the section)."""
+    from reinforge.config import DistributedSection
+
+    return getattr(cfg, "distributed", None) or DistributedSection()
+
+
 def execute(args, cfg) -> int:
     from reinforge.config import to_toml
     from reinforge.distributed import is_main
-    from reinforge.run import RunContext, guarded
-    from reinforge.train.common import run_dir_of
+    from reinforge.run import RunContext, guarded, run_dir_of
 
     ctx = RunContext(
         run_dir_of(cfg),
@@ -255,8 +290,21 @@ def execute(args, cfg) -> int:
         from reinforge.resume_config import record_changes
 
         record_changes(ctx.run_dir, args.config_changes)
-    with guarded(cfg, ctx):
-        return finish(args, cfg, ctx)
+    from reinforge import cluster_heartbeat
+
+    labels = getattr(args, "node_labels", None)
+    if labels:
+        timeout = distributed_settings(cfg).heartbeat_timeout_s
+        cluster_heartbeat.start(labels, timeout, ctx.run_dir, args.command)
+    try:
+        with guarded(cfg, ctx):
+            code = finish(args, cfg, ctx)
+    except BaseException as e:
+        cluster_heartbeat.stop(f"{type(e).__name__}: {e}")
+        raise
+    failed = code not in (ExitCode.OK, ExitCode.STOPPED_AFTER_SAVE, ExitCode.NOTHING_TRAINED)
+    cluster_heartbeat.stop(f"exit code {int(code)}" if failed else None)
+    return code
 
 
 def finish(args, cfg, ctx) -> int:
@@ -278,8 +326,11 @@ def finish(args, cfg, ctx) -> int:
 
             summary = run_sft(cfg, ctx)
     except Stopped as stop:
-        print(f"\nstopped by {stop.signal_name}; checkpoint saved at {stop.checkpoint}")
-        print(f"resume with: reinforge {args.command} --resume {ctx.run_dir}")
+        if is_main():  # one process speaks for the job
+            print(f"\nstopped by {stop.signal_name}; checkpoint saved at {stop.checkpoint}")
+            from reinforge.cluster import resume_line
+
+            print(f"resume with: {resume_line(args.command, ctx.run_dir)}")
         return ExitCode.STOPPED_AFTER_SAVE
     except RunFailure as e:
         error_file(ctx).write_text(f"{type(e).__name__}: {e}\n")
@@ -294,11 +345,16 @@ def finish(args, cfg, ctx) -> int:
     except (
         Exception
     ) as e:  # the one place a run's unexpected failure becomes a summary and an exit code
+        from reinforge.cluster_heartbeat import explain_failure
+
+        explained = explain_failure(e, ctx.run_dir, args.command)
+        if explained is not None:  # a lost peer, a timeout, a mismatch: said in one line
+            return explained[1]
         traceback.print_exc()
         error_file(ctx).write_text(traceback.format_exc())
         print(
             f"\nrun failed after {ctx.elapsed():.0f}s: {type(e).__name__}: {e}\n"
-            f"run directory: {ctx.run_dir} (traceback in error.txt)",
+            f"run directory: {ctx.run_dir} (traceback in {error_file(ctx).name})",
             file=sys.stderr,
         )
         return ExitCode.RUNTIME_FAILURE
@@ -321,10 +377,11 @@ def finish(args, cfg, ctx) -> int:
 
 
 def error_file(ctx) -> Path:
-    """Where a failure's traceback goes: error.txt, error.rank{r}.txt for other ranks."""
-    from reinforge.distributed import rank
+    """Where a failure's traceback goes: error.txt, error.rank{r}.txt for other global ranks
+    (a disaggregated run's generator included)."""
+    from reinforge.cluster import error_path
 
-    return ctx.run_dir / ("error.txt" if rank() == 0 else f"error.rank{rank()}.txt")
+    return error_path(ctx.run_dir)
 
 
 if __name__ == "__main__":

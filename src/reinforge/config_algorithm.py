@@ -136,6 +136,11 @@ class AlgorithmBase(Section):
     old_logprobs: Literal["trainer", "sampler"] = "trainer"
     """Old-policy logprobs for the ratio: the trainer's own forward (detached; ratio exactly 1 on
     policy) or the sampler's. Their KL is reported either way."""
+    router_aux_coef: float | None = Field(None, ge=0.0, le=1.0)
+    """Mixture-of-experts models: weight of the router's load-balancing loss (Switch
+    Transformer's, as transformers computes it) added to the policy loss; 0 = off. Default (unset):
+    the checkpoint's `router_aux_loss_coef` (Qwen3-MoE: 0.001). Unused on dense models. Metric:
+    router_aux_loss."""
 
     @model_validator(mode="before")
     @classmethod

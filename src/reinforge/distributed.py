@@ -40,6 +40,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 from types import MethodType
 
 import torch
@@ -129,11 +130,14 @@ def link_group():
     return _LINK_GROUP
 
 
-def init_from_env(device_setting: str, disaggregated: bool = False) -> None:
+def init_from_env(
+    device_setting: str, disaggregated: bool = False, timeout_s: float | None = None
+) -> None:
     """Start the process group when torchrun launched more than one process (idempotent).
     `disaggregated`: the last rank only generates, the other ranks train (rank 0 is then a
     trainer, and the main process, as in every mode: transformers writes a checkpoint's weights
-    from global rank 0 only)."""
+    from global rank 0 only). `timeout_s`: how long a collective waits for the others
+    (`distributed.collective_timeout_s`; None: torch's default)."""
     global _TRAIN_GROUP, _IS_GENERATOR, _LINK_GROUP
     if env_world_size() <= 1 or is_launched():
         return
@@ -152,11 +156,12 @@ def init_from_env(device_setting: str, disaggregated: bool = False) -> None:
             )
         torch.cuda.set_device(local_rank())
     backend = "cuda:nccl,cpu:gloo" if uses_cuda else "gloo"
-    torch.distributed.init_process_group(backend=backend)
+    timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
+    torch.distributed.init_process_group(backend=backend, timeout=timeout)
     if disaggregated:
         generator = torch.distributed.get_world_size() - 1
-        _TRAIN_GROUP = torch.distributed.new_group(list(range(generator)))  # every rank calls it
-        _LINK_GROUP = torch.distributed.new_group([0, generator])
+        _TRAIN_GROUP = torch.distributed.new_group(list(range(generator)), timeout=timeout)
+        _LINK_GROUP = torch.distributed.new_group([0, generator], timeout=timeout)
         _IS_GENERATOR = torch.distributed.get_rank() == generator
     if not is_main():  # one console: the main process prints, the others only on failure
         from reinforge.metrics import console

@@ -191,8 +191,8 @@ def smoke_test(device: str) -> tuple[str, str, str]:
 
     from reinforge.engine.base import SamplingParams
     from reinforge.engine.simple import SimpleEngine
+    from reinforge.models.loading import load_model, load_tokenizer
     from reinforge.models.tiny import builtin_path
-    from reinforge.train.common import load_model, load_tokenizer
 
     start = time.perf_counter()
     try:

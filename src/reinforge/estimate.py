@@ -41,15 +41,16 @@ def estimate_run(cfg) -> Estimate:
     from reinforge.data.chat import render_prompt
     from reinforge.engine.base import SamplingParams
     from reinforge.engine.factory import build_engine
-    from reinforge.tasks import task_source_for
-    from reinforge.train.common import (
+    from reinforge.models.loading import (
         load_model,
         load_tokenizer,
         model_source,
         resolve_device,
         resolve_dtype,
     )
-    from reinforge.train.memory import plan_run, probe_lengths
+    from reinforge.tasks import task_source_for
+    from reinforge.train.lengths import probe_lengths
+    from reinforge.train.memory import plan_run
     from reinforge.train.optim import build_optimizer
     from reinforge.train.sft import sft_examples, sft_step
 

@@ -18,8 +18,6 @@ from reinforge.rollout.sampling import sampling_params
 from reinforge.rollout.trajectories import episode_metrics, play
 from reinforge.types import Trajectory
 
-NUM_EXAMPLES = 8  # samples kept as examples for logs and reports
-
 
 @dataclass
 class EvalResult:
@@ -48,10 +46,6 @@ class EvalResult:
     @property
     def truncation_rate(self) -> float:
         return self.metrics["truncation_rate"]
-
-    @property
-    def examples(self) -> list[dict]:
-        return self.samples[:NUM_EXAMPLES]
 
 
 def evaluate(

@@ -21,32 +21,9 @@ class Preflight:
             raise ConfigError("preflight failed:\n  " + "\n  ".join(self.errors))
 
 
-def model_context(cfg) -> tuple[int, str]:
-    from transformers import AutoConfig
-
-    from reinforge.train.common import model_source
-
-    if cfg.model.max_context:
-        return cfg.model.max_context, "model.max_context"
-    source = model_source(cfg.model.path, cfg.run.seed)
-    try:
-        mcfg = AutoConfig.from_pretrained(source)
-    except OSError as e:
-        raise ConfigError(
-            f"model.path = {cfg.model.path!r}: cannot read its config ({e}); "
-            "give a local HF checkpoint folder or 'builtin:tiny'"
-        ) from None
-    context = getattr(mcfg, "max_position_embeddings", None)
-    if context is None:
-        raise ConfigError(
-            f"model.path = {cfg.model.path!r} has no max_position_embeddings; set model.max_context"
-        )
-    return int(context), "max_position_embeddings"
-
-
 def run_preflight(cfg) -> Preflight:
-    from reinforge.train.common import load_tokenizer, model_source
-    from reinforge.train.memory import probe_lengths
+    from reinforge.models.loading import load_tokenizer, model_source
+    from reinforge.train.lengths import model_context, probe_lengths
 
     pf = Preflight()
     context, context_from = model_context(cfg)
@@ -181,8 +158,8 @@ def _check_distributed(cfg, pf: Preflight) -> None:
         return
     trainers = env_train_size(cfg)
     how = (
-        f"disaggregated: the last rank generates every rollout, {trainers} train on them one "
-        "step behind"
+        f"disaggregated: the last rank generates every rollout, {trainers} train on them up to "
+        f"{cfg.distributed.staleness} step(s) behind (distributed.rollout_staleness)"
         if disaggregated
         else "each generates for its share of the prompts and trains"
     )
@@ -234,10 +211,12 @@ def _check_distributed(cfg, pf: Preflight) -> None:
             f"{what} is not supported with several processes yet; use {instead}, or run on one "
             "process"
         )
-    if disaggregated and is_rl and not cfg.algorithm.tis_cap:
+    a = cfg.algorithm if is_rl else None
+    if disaggregated and a and cfg.distributed.staleness and not (a.tis_cap or a.mis_high):
         pf.warnings.append(
-            "distributed.mode = 'disaggregated' trains on rollouts one step stale, and "
-            "algorithm.tis_cap = 0 leaves that uncorrected; set algorithm.tis_cap = 2.0 "
+            f"distributed.mode = 'disaggregated' trains on rollouts up to "
+            f"{cfg.distributed.staleness} step(s) stale, and algorithm.tis_cap = 0 (no "
+            "mis_high either) leaves that uncorrected; set algorithm.tis_cap = 2.0 "
             "(truncated importance sampling)"
         )
     if cfg.checkpoint.async_save:

@@ -2,8 +2,11 @@
 
 Reads config.toml, metrics.jsonl, the latest checkpoint's trainer_state.json, and the files a run
 leaves when it ends badly: error.txt (a failure's traceback or message) and hang.txt (the
-watchdog's stack dump). An error or hang older than the latest checkpoint belongs to an earlier
-process that a resume got past: it is shown as the last error, not as the status.
+watchdog's stack dump), and under torchrun error.rank{r}.txt and hang.rank{r}.txt of the other
+ranks, each shown. An error or hang older than the latest checkpoint belongs to an earlier
+process that a resume got past: it is shown as the last error, not as the status. Every text
+from these files is shown as plain text (never read as console markup: an error message may
+hold brackets).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class RunReport:
     best: dict[str, tuple[float, int]] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
     last_error: str | None = None
+    rank_errors: list[tuple[str, str]] = field(default_factory=list)  # (file, its line)
     resume_command: str | None = None
     plot: Path | None = None
 
@@ -77,10 +81,21 @@ def build_report(run_dir: Path) -> RunReport:
     report.final = {k: v for k, v in last.items() if isinstance(v, (int, float)) and k != "step"}
     report.best = best_metrics(rows)
     report.counters = counters_of(rows)
+    report.rank_errors = rank_errors(run_dir)
     if _latest_state(run_dir) is not None and not status.startswith("finished"):
         report.resume_command = f"reinforge {command} --resume {run_dir}"
     report.plot = plot_curves(run_dir)
     return report
+
+
+def rank_errors(run_dir: Path) -> list[tuple[str, str]]:
+    """(file name, its line) for every rank's error and hang file but rank 0's: an error file's
+    last line (the message), a hang file's first (the phase)."""
+    out = []
+    for path in sorted(run_dir.glob("error.rank*.txt")) + sorted(run_dir.glob("hang.rank*.txt")):
+        lines = path.read_text(errors="replace").strip().splitlines() or ["(empty)"]
+        out.append((path.name, lines[0] if path.name.startswith("hang") else lines[-1]))
+    return out
 
 
 def run_counters(run_dir: Path) -> dict[str, float]:
@@ -135,8 +150,10 @@ def _status(run_dir: Path, cfg: dict, command: str) -> tuple[str, str | None]:
     pointer = run_dir / "checkpoints" / "latest"
     saved_at = pointer.stat().st_mtime if pointer.exists() else 0.0
     hang, error = run_dir / "hang.txt", run_dir / "error.txt"
-    hang_line = hang.read_text().strip().splitlines()[0] if hang.exists() else None
-    error_line = error.read_text().strip().splitlines()[-1] if error.exists() else None
+    if not error.exists():  # rank 0 wrote none: the first other rank's error stands for it
+        error = next(iter(sorted(run_dir.glob("error.rank*.txt"))), error)
+    hang_line = _line(hang, first=True) if hang.exists() else None
+    error_line = _line(error, first=False) if error.exists() else None
     last_error = hang_line or error_line
     if hang.exists() and error.exists():
         last_error = hang_line if hang.stat().st_mtime >= error.stat().st_mtime else error_line
@@ -151,6 +168,12 @@ def _status(run_dir: Path, cfg: dict, command: str) -> tuple[str, str | None]:
         where = f"SFT step {state['step']}" if state["phase"] == "sft" else where
         return f"stopped at {where} (checkpoint saved; not finished)", last_error
     return "no checkpoint (stopped or failed before the first save)", last_error
+
+
+def _line(path: Path, first: bool) -> str:
+    lines = path.read_text(errors="replace").strip().splitlines() or ["(empty file)"]
+    prefix = "" if path.name in ("error.txt", "hang.txt") else f"{path.name}: "
+    return prefix + (lines[0] if first else lines[-1])
 
 
 def _is_finished(state: dict, cfg: dict, command: str) -> bool:
@@ -170,13 +193,14 @@ def _latest_state(run_dir: Path) -> dict | None:
 
 def print_run_report(report: RunReport) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     from reinforge.metrics import console
 
-    table = Table(title=f"run report: {report.run_dir.name}", show_header=False)
+    table = Table(title=Text(f"run report: {report.run_dir.name}"), show_header=False)
     table.add_column(overflow="fold")
     table.add_column(overflow="fold")
-    table.add_row("status", report.status)
+    table.add_row("status", Text(report.status))
     if report.sft_steps_done:
         table.add_row("SFT steps logged", str(report.sft_steps_done))
     if report.command == "train":
@@ -190,7 +214,9 @@ def print_run_report(report: RunReport) -> None:
     failures = ", ".join(f"{k} {v:g}" for k, v in sorted(report.counters.items()) if v)
     table.add_row("failures counted", failures or "none")
     if report.last_error:
-        table.add_row("last error", report.last_error)
+        table.add_row("last error", Text(report.last_error))
+    for name, line in report.rank_errors:
+        table.add_row(name, Text(line))
     if report.plot:
         table.add_row("plot", str(report.plot))
     console.print(table)

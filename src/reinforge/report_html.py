@@ -62,6 +62,7 @@ def _facts(report, run_dir: Path) -> list[tuple[str, str]]:
     facts.extend(headline_rows(run_dir))
     if report.last_error:
         facts.append(("last error", report.last_error))
+    facts.extend(report.rank_errors)
     if report.resume_command:
         facts.append(("resume with", report.resume_command))
     return facts

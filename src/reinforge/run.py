@@ -51,6 +51,10 @@ class Summary:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def run_dir_of(cfg) -> Path:
+    return Path(cfg.run.output_dir) / cfg.run.name
+
+
 class RunContext:
     """Under torchrun every process checks the run directory, the main one alone changes it, and
     the others wait until it has."""
@@ -63,25 +67,26 @@ class RunContext:
         config_toml: str,
         on_damaged: str = "previous",
     ):
-        from reinforge.distributed import barrier_all, is_main
+        from reinforge.distributed import barrier_all, is_launched, is_main
 
         self.run_dir = run_dir
         self.resume = resume
         self.on_damaged = on_damaged  # checkpoint.on_damaged: what a damaged `latest` means
         self.started = time.perf_counter()
         self.stop_signal: str | None = None
+        problem = None
         if resume:
             if not (run_dir / "checkpoints" / "latest").exists():
-                raise ConfigError(
+                problem = (
                     f"--resume {run_dir}: no checkpoint found there (expected {run_dir}/checkpoints/latest); "
                     "start a new run without --resume"
                 )
         elif run_dir.exists() and any(run_dir.iterdir()) and not overwrite:
-            raise ConfigError(
+            problem = (
                 f"run directory {run_dir} already holds a run; continue it with --resume {run_dir}, "
                 f"choose another run.name, or set run.overwrite=true to replace it"
             )
-        barrier_all()  # every process has looked before the main one changes anything
+        _agree_on(problem)  # every process has looked before the main one changes anything
         failure = None
         if is_main():
             try:
@@ -92,6 +97,10 @@ class RunContext:
         if failure is not None:
             raise failure
         barrier_all()
+        if is_launched():  # every node must see the folder rank 0 just prepared
+            from reinforge.cluster import check_shared_run_dir
+
+            check_shared_run_dir(run_dir, is_writer=is_main())
 
     def _prepare(self, config_toml: str) -> None:
         run_dir = self.run_dir
@@ -129,6 +138,18 @@ class RunContext:
         return time.perf_counter() - self.started
 
 
+def _agree_on(problem: str | None) -> None:
+    """Raise `problem` as a ConfigError; under torchrun on every process when any has one."""
+    from reinforge.distributed import is_launched
+
+    if is_launched():
+        from reinforge.cluster import agree_on_problems
+
+        agree_on_problems(problem)
+    elif problem is not None:
+        raise ConfigError(problem)
+
+
 def _from_main(failure: RunFailure | None) -> RunFailure | None:
     """The main process's failure, on every process of a torchrun job (rank 0 is the main)."""
     from reinforge.distributed import is_launched
@@ -144,7 +165,8 @@ def _from_main(failure: RunFailure | None) -> RunFailure | None:
 
 def resume_point(run_dir: Path) -> str:
     """The line a resumed run starts with: which checkpoint, which phase and step."""
-    from reinforge.checkpoint import latest_checkpoint, load_trainer_state
+    from reinforge.checkpoint import load_trainer_state
+    from reinforge.checkpoint_files import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir)
     assert ckpt is not None  # checked in __init__

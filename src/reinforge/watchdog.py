@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from reinforge.errors import ExitCode
+from reinforge.errors import ExitCode, record_exit
 
 # Phases in which parameters, optimizer and algorithm state equal the last step boundary's.
 CONSISTENT_PHASES = frozenset({"generation", "reward", "tool", "logging", "eval"})
@@ -128,11 +128,22 @@ class Watchdog:
             f"reinforge: hung in phase '{phase}'; exiting with code {int(ExitCode.HANG)}\n"
         )
         sys.stderr.flush()
+        if _before_hang_exit is not None:  # the cluster's heartbeat: the others stop too
+            _before_hang_exit(f"hung in phase '{phase}' (exit code {int(ExitCode.HANG)})")
+        record_exit(ExitCode.HANG)
         os._exit(ExitCode.HANG)
 
 
 _active: Watchdog | None = None
 _consistent_save: Callable[[], Path | None] | None = None
+_before_hang_exit: Callable[[str], None] | None = None
+
+
+def set_before_hang_exit(tell: Callable[[str], None] | None) -> None:
+    """What a hang does last before the process exits (the cluster's heartbeat tells the other
+    ranks; registered from above so this module imports nothing of the cluster's)."""
+    global _before_hang_exit
+    _before_hang_exit = tell
 
 
 def _save_if_consistent(phase: str) -> str:

@@ -39,9 +39,9 @@ def test_rloo_hand_computed_with_ties_and_zero_variance():
     assert close(adv, 4 / 3 * (r - r.mean(1, keepdim=True)))  # = N/(N-1) * (r - mean)
 
 
-def test_rloo_needs_two_samples():
-    with pytest.raises(ValueError, match="samples_per_prompt"):
-        rloo_advantages(torch.ones(3, 1))
+def test_rloo_groups_of_one_get_zero():
+    # no other sample to be the baseline (verl: the raw reward; docs/algorithms.md)
+    assert torch.equal(rloo_advantages(torch.tensor([[3.0], [1.0]])), torch.zeros(2, 1))
 
 
 def test_reinforce_pp_normalises_over_the_batch():

@@ -11,13 +11,9 @@ from reinforge.algorithms.advantages import (
 )
 from reinforge.algorithms.kl import kl_penalized_token_rewards
 from reinforge.algorithms.losses import AGGREGATIONS, LossInputs
-from reinforge.algorithms.presets import (
-    ADVANTAGES,
-    POLICY_LOSSES,
-    PRESETS,
-    Preset,
-    policy_loss_settings,
-)
+from reinforge.algorithms.presets import ADVANTAGES, POLICY_LOSSES, PRESETS, Preset
+from reinforge.config import TrainConfig, load_config
+from reinforge.train.advantage_step import Algorithm
 
 EXPECTED = {
     "grpo",
@@ -42,7 +38,7 @@ def test_every_preset_is_complete_and_resolves():
         assert preset["aggregation"] in AGGREGATIONS, name
         assert (preset["advantage"] == "gae") == preset["value_model"], name
         assert (preset["kl_placement"] is None) == (preset["kl_coef"] == 0.0), name
-        policy_loss_settings(preset)  # validates clip ranges, dual clip, estimator
+        loss_settings(name)  # validates clip ranges, dual clip, estimator
 
 
 def test_paper_values_stay_put():
@@ -55,10 +51,19 @@ def test_paper_values_stay_put():
     assert PRESETS["cispo"]["clip_low"] == 1.0  # no lower bound on the IS weight
 
 
+def loss_settings(name: str):
+    """The loss settings a run with `algorithm.name = name` hands its loss."""
+    return Algorithm(
+        load_config(
+            TrainConfig, None, [f"algorithm.name={name}", "rollout.max_new_tokens=8192"]
+        ).algorithm
+    ).settings
+
+
 def test_kl_reaches_the_loss_only_when_placed_there():
-    assert policy_loss_settings(PRESETS["grpo"]).kl_coef == 0.04
-    assert policy_loss_settings(PRESETS["ppo"]).kl_coef == 0.0  # penalty lives in the reward
-    assert policy_loss_settings(PRESETS["rloo"]).kl_coef == 0.0
+    assert loss_settings("grpo").kl_coef == 0.04
+    assert loss_settings("ppo").kl_coef == 0.0  # penalty lives in the reward
+    assert loss_settings("rloo").kl_coef == 0.0
 
 
 def toy_step(num_groups=2, group_size=4, length=5):
@@ -102,7 +107,7 @@ def test_preset_runs_end_to_end(name):
         ref_logprobs_BT=ref,
         token_sum_norm=float(mask.shape[1]),
     )
-    loss, metrics = POLICY_LOSSES[preset["loss"]](x, policy_loss_settings(preset))
+    loss, metrics = POLICY_LOSSES[preset["loss"]](x, loss_settings(name))
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
     assert logp.grad.abs().sum() > 0

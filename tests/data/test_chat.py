@@ -11,10 +11,11 @@ from transformers import AutoTokenizer
 
 from reinforge.data.chat import chat_example
 from reinforge.errors import ConfigError
+from reinforge.models.loading import load_model
 from reinforge.models.tiny import builtin_path
-from reinforge.train.common import load_model, pad_batch, token_logprobs
 from reinforge.train.sft import sft_batch, sft_step
 from reinforge.types import Message, Task
+from tests.padded_reference import pad_batch, token_logprobs
 
 TRL = importlib.util.find_spec("trl")
 CONVERSATION = (

@@ -89,3 +89,18 @@ def test_disaggregated_generator_and_trainer_on_two_gpus(tmp_path):
     print("disaggregated", [(r["step_s"], r["kl_sampler"], r["gpu_peak_gib"]) for r in rows])
     assert [r["rollout_staleness"] for r in rows] == [0.0, 1.0, 1.0]
     assert all(r["kl_sampler"] > 0 for r in rows[1:])
+
+
+@pytest.mark.parametrize("k", [0, 2])
+def test_disaggregated_staleness_on_two_gpus(tmp_path, k):
+    """distributed.rollout_staleness = 0 (the generator waits for each step's weights, which
+    land in its model) and 2 (the link thread receives them into a staging copy over NCCL while
+    the sampling thread samples and captures CUDA graphs): the lag stays within k."""
+    extra = ["distributed.mode=disaggregated", "algorithm.tis_cap=2.0"]
+    extra += [f"distributed.rollout_staleness={k}", "run.max_steps=4"]
+    train(*SHAPE_RUN, *extra, f"run.output_dir={tmp_path}", f"run.name=k{k}", nproc=2)
+    rows = rl_rows(tmp_path / f"k{k}")
+    print(f"k={k}", [(r["step_s"], r["rollout_staleness"], r["kl_sampler"]) for r in rows])
+    assert len(rows) == 4
+    assert [r["rollout_staleness"] for r in rows[:2]] == [0.0, min(k, 1)]
+    assert all(0 <= r["rollout_staleness"] <= k for r in rows)

@@ -13,8 +13,8 @@ from reinforge import distributed
 from reinforge.config import TrainConfig, load_config
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.paged import PagedEngine
+from reinforge.models.loading import load_model, load_tokenizer, model_source
 from reinforge.train import forward
-from reinforge.train.common import load_model, load_tokenizer, model_source
 from reinforge.train.planner import ModelShape, PlanInputs, plan_memory
 
 from ..conftest import TINY_RUN

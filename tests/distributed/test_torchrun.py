@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import REPO
@@ -233,18 +234,69 @@ def test_lora_on_two_processes_trains_and_resumes_as_on_one(runs):
 def test_disaggregated_generator_and_trainer_overlap_one_step_apart(runs):
     """Two processes, `distributed.mode = "disaggregated"`: the last rank generates, rank 0
     trains. The first rollout comes from the initial weights (the single-process run's step 1);
-    later ones from weights one optimizer step old, which the mismatch KL sees and TIS weighs."""
+    later ones from weights one optimizer step old (the default rollout_staleness, 1), which the
+    mismatch KL sees and TIS weighs."""
     root, common, one, _ = runs
     run_dir = root / "disaggregated"
-    extra = ["distributed.mode=disaggregated", "algorithm.tis_cap=2.0", "run.max_steps=3"]
-    launch(
-        [*TORCHRUN, "--standalone", "--nproc-per-node", "2", *reinforge(run_dir, *common, *extra)]
-    )
+    if not (run_dir / "metrics.jsonl").is_file():  # the staleness-2 test may have run it
+        launch(
+            [*TORCHRUN, "--standalone", "--nproc-per-node", "2", *reinforge(run_dir, *common, *K1)]
+        )
     got = rl_metrics(run_dir)
     assert_same_steps(got, rl_metrics(one), steps=(1,))
     assert [got[s]["rollout_staleness"] for s in (1, 2, 3)] == [0.0, 1.0, 1.0]
+    assert [got[s]["rollout_weights_step"] for s in (1, 2, 3)] == [0.0, 0.0, 1.0]
     assert [got[s]["data_position"] for s in (1, 2, 3)] == [4.0, 8.0, 12.0]
     for step in (2, 3):
         assert got[step]["kl_sampler"] > 1e-4  # sampled by the weights before the last step
         assert got[step]["tis_weight_mean"] != pytest.approx(1.0, abs=1e-4)
     assert (run_dir / "checkpoints" / "step_000002" / "model.safetensors").is_file()
+
+
+K1 = ["distributed.mode=disaggregated", "algorithm.tis_cap=2.0", "run.max_steps=3"]
+
+
+def test_staleness_0_is_the_on_policy_run_exactly(runs):
+    """`distributed.rollout_staleness = 0`: the generator waits for each step's weights before
+    sampling, so every step equals the single-process (colocated, on-policy) run's: the same
+    samples, losses, gradient norms; the sampler's logprobs are the trainer's (kl_sampler 0)."""
+    root, common, one, _ = runs
+    run_dir = root / "staleness_0"
+    extra = [*K1, "distributed.rollout_staleness=0"]
+    launch(
+        [*TORCHRUN, "--standalone", "--nproc-per-node", "2", *reinforge(run_dir, *common, *extra)]
+    )
+    got, want = rl_metrics(run_dir), rl_metrics(one)
+    assert_same_steps(got, want, steps=(1, 2, 3))
+    assert [got[s]["rollout_weights_step"] for s in (1, 2, 3)] == [0.0, 1.0, 2.0]
+    for step in (1, 2, 3):
+        assert got[step]["rollout_staleness"] == 0.0
+        assert got[step]["kl_sampler"] == pytest.approx(want[step]["kl_sampler"], abs=1e-6)
+        assert abs(got[step]["kl_sampler"]) < 1e-6
+
+
+def test_staleness_2_lags_two_steps_and_a_resume_drops_the_queue(runs):
+    """The k = 1 run above resumed from its step-2 checkpoint with rollout_staleness = 2 and two
+    more steps. At the save the generator had rollout(3) queued, sampled by the weights of step
+    1: the resume drops it and samples step 3 again from the checkpoint's weights (staleness 0,
+    kl_sampler 0, the same prompts: the data position continues with no gap), then runs ahead:
+    rollout(4) comes from the same weights (1 step behind), rollout(5) from them or, when the
+    trainer's step 3 arrived first, from its weights (2 or 1 steps behind; never more)."""
+    root, common, _, _ = runs
+    k1 = root / "disaggregated"
+    if not (k1 / "checkpoints" / "step_000002").is_dir():  # this test run alone
+        launch([*TORCHRUN, "--standalone", "--nproc-per-node", "2", *reinforge(k1, *common, *K1)])
+    resumed = interrupted_copy(k1, root / "staleness_2")
+    changes = ["distributed.rollout_staleness=2", "run.max_steps=5"]
+    torchrun = [*TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "reinforge", "train"]
+    launch([*torchrun, *common, *K1, *changes, "--resume", str(resumed), "--allow-changes"])
+    got = rl_metrics(resumed)
+    assert [got[s]["rollout_staleness"] for s in (3, 4)] == [0.0, 1.0]
+    assert [got[s]["rollout_weights_step"] for s in (3, 4)] == [2.0, 2.0]
+    assert got[5]["rollout_weights_step"] in (2.0, 3.0)
+    assert got[5]["rollout_staleness"] == 4.0 - got[5]["rollout_weights_step"]
+    assert [got[s]["data_position"] for s in (3, 4, 5)] == [12.0, 16.0, 20.0]
+    assert abs(got[3]["kl_sampler"]) < 1e-6  # fresh: sampled by the checkpoint's weights
+    for step in (4, 5):
+        assert got[step]["kl_sampler"] > 1e-4
+        assert np.isfinite(got[step]["loss"])

@@ -12,11 +12,11 @@ import torch
 from reinforge.config import TrainConfig, load_config
 from reinforge.engine.simple import SimpleEngine
 from reinforge.errors import ConfigError, ExitCode, RunFailure
+from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.models.tiny import builtin_path
 from reinforge.rollout.sampling import sampling_params
 from reinforge.rollout.trajectories import episode_metrics, play
 from reinforge.tasks import build_task_source
-from reinforge.train.common import load_model, load_tokenizer
 from tests.conftest import cli
 
 ENV_FILE = Path(__file__).parent / "user_envs" / "lookup_env.py"

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reinforge.cli import main
-from reinforge.train.common import load_model, load_tokenizer, model_source
+from reinforge.models.loading import load_model, load_tokenizer, model_source
 
 SHAPE = {
     "model_type": "qwen2",

@@ -11,6 +11,7 @@ from transformers import AutoTokenizer
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.simple import SimpleEngine
 from reinforge.envs.tool_env import ToolEnv
+from reinforge.models.loading import load_model
 from reinforge.models.tiny import builtin_path
 from reinforge.rollout.episodes import (
     EpisodeLimits,
@@ -19,7 +20,6 @@ from reinforge.rollout.episodes import (
     render,
     run_episodes,
 )
-from reinforge.train.common import load_model
 from reinforge.train.optim import build_optimizer
 from reinforge.train.sft import sft_step
 from reinforge.types import Message, Task

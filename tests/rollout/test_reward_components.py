@@ -14,9 +14,9 @@ from reinforge.engine.simple import SimpleEngine
 from reinforge.envs.env_tasks import single_turn_tasks
 from reinforge.errors import ExitCode
 from reinforge.eval import evaluate
+from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.models.tiny import builtin_path
 from reinforge.tasks.arithmetic import ArithmeticTasks
-from reinforge.train.common import load_model, load_tokenizer
 from tests.conftest import cli
 
 REWARDS = """

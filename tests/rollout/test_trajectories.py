@@ -17,15 +17,15 @@ from reinforge.engine.base import SamplingParams
 from reinforge.engine.simple import SimpleEngine
 from reinforge.errors import ConfigError
 from reinforge.eval import evaluate, logged_metrics
+from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.models.tiny import builtin_path
 from reinforge.rollout.episodes import render
 from reinforge.rollout.trajectories import episode_metrics, play, tool_use_notes
 from reinforge.tasks import build_task_source
 from reinforge.train.advantage_step import build_step_batch
-from reinforge.train.common import load_model, load_tokenizer
 from reinforge.train.demos import demonstration, demonstration_examples
 from reinforge.train.forward import completion_rows
-from reinforge.train.memory import probe_lengths
+from reinforge.train.lengths import probe_lengths
 from reinforge.types import Completion, Group, Task, Trajectory
 
 GAME = [

@@ -17,10 +17,11 @@ import torch
 import uvicorn
 from openai import OpenAI
 
+from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.models.tiny import builtin_path
 from reinforge.server import ServedModel, create_app, load_served_model
 from reinforge.server.limits import ServerLimits
-from reinforge.train.common import load_model, load_tokenizer, pad_batch, token_logprobs
+from tests.padded_reference import pad_batch, token_logprobs
 
 WEATHER_MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
 WEATHER_CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'

@@ -16,9 +16,9 @@ from reinforge.engine.base import SamplingParams
 from reinforge.engine.paged import PagedEngine
 from reinforge.engine.simple import SimpleEngine
 from reinforge.errors import ConfigError
+from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.models.tiny import builtin_path
 from reinforge.server import load_served_model
-from reinforge.train.common import load_model, load_tokenizer
 
 from .conftest import client
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from reinforge.algorithms.table import PRESETS
-from reinforge.checkpoint import TrainerState, latest_checkpoint, load_trainer_state
+from reinforge.checkpoint import TrainerState, load_trainer_state
+from reinforge.checkpoint_files import latest_checkpoint
 from reinforge.config import SFTConfig, TrainConfig, load_config
 from reinforge.eval import EvalResult, evaluate
 from reinforge.rollout.sources import sample_groups

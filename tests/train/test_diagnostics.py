@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from reinforge.train.diagnostics import (
     headroom_text,
     policy_change,
     reward_trend,
+    task_consistency,
 )
 
 from ..conftest import TINY_RUN, cli
@@ -165,3 +167,54 @@ def test_a_run_logs_the_diagnostics(tmp_path):
     for r in evals:
         assert 0.0 <= r["eval_sampled_pass@1"] <= r["eval_sampled_pass@4"] <= 1.0
     assert "sampled pass@1" in result.stdout and "dKL" in result.stdout
+
+
+def test_task_consistency_tells_guessing_from_known_answers():
+    # each task always or never: 1; every task at the same rate: 0 (hand-computed)
+    assert task_consistency([(8, 8), (8, 0), (8, 8), (8, 0)]) == pytest.approx(1.0)
+    assert task_consistency([(4, 2), (4, 2)]) == pytest.approx(0.0)  # within 1/3 > 1/4: clipped
+    # (4, 4), (4, 0), (4, 2): p = 1/2, within = (0 + 0 + 2*2/3) / 12 = 1/9 -> 1 - (1/9)/(1/4)
+    assert task_consistency([(4, 4), (4, 0), (4, 2)]) == pytest.approx(1 - 4 / 9)
+    assert task_consistency([(4, 0), (4, 0)]) is None  # no pass anywhere: undefined
+    assert task_consistency([(1, 1), (1, 0)]) is None  # one sample per task says nothing
+    # lucky guesses: 200 tasks, each sample right with chance 0.05 whatever the task
+    rng = random.Random(0)
+    guesses = [(8, sum(rng.random() < 0.05 for _ in range(8))) for _ in range(200)]
+    assert task_consistency(guesses) < 0.05
+    got = headroom_metrics([[0.0]] * 200, [[float(i < c) for i in range(8)] for _, c in guesses], 8)
+    assert got["eval_task_consistency"] == pytest.approx(task_consistency(guesses))
+
+
+def test_guessing_headroom_and_sharpening_are_noted():
+    flat = [0.05, 0.04, 0.05, 0.05, 0.04, 0.05, 0.05, 0.04, 0.05]
+    guessing = {"eval_sampled_pass@1": 0.05, "eval_sampled_pass@8": 0.30, "eval_headroom": 0.25}
+    evals = [
+        {"step": 0, "eval_accuracy": 0.05, "eval_task_consistency": 0.03} | guessing,
+        {"step": 9, "eval_accuracy": 0.05} | guessing,
+    ]
+    [note] = explain_run(_rows(flat, 0.7, 1e-3, evals))
+    assert "pass@8 - pass@1 = 25 points at step 0" in note
+    assert "consistency 0.03; 0 is chance" in note and "lucky guesses among 8 tries" in note
+    evals[0]["eval_task_consistency"] = 0.6  # known answers ranked low: no such phrase
+    assert "lucky guesses" not in explain_run(_rows(flat, 0.7, 1e-3, evals))[0]
+
+    rising = [0.42, 0.44, 0.43, 0.5, 0.52, 0.5, 0.56, 0.57, 0.56]
+    sharp = [
+        {
+            "step": 0,
+            "eval_accuracy": 0.58,
+            "eval_sampled_pass@1": 0.42,
+            "eval_sampled_pass@8": 0.89,
+        },
+        {
+            "step": 9,
+            "eval_accuracy": 0.58,
+            "eval_sampled_pass@1": 0.58,
+            "eval_sampled_pass@8": 0.58,
+        },
+    ]
+    [note] = explain_run(_rows(rising, 0.7, 1e-3, sharp))
+    assert note.startswith("rising reward (0.43 -> 0.56 over 9 steps): RL sharpened the samples")
+    assert "pass@8 89% -> 58%, greedy pass@1 58% -> 58%" in note
+    sharp[1]["eval_accuracy"] = 0.66  # greedy rose: learning, no note
+    assert explain_run(_rows(rising, 0.7, 1e-3, sharp)) == []

@@ -7,13 +7,8 @@ import pytest
 import torch
 
 from reinforge.models.tiny import builtin_path
-from reinforge.train.common import pad_batch, token_logprobs
-from reinforge.train.logprobs import (
-    chunked_logprobs,
-    chunked_token_logprobs,
-    final_hidden_states,
-    lm_head_weight,
-)
+from reinforge.train.logprobs import chunked_logprobs, final_hidden_states, lm_head_weight
+from tests.padded_reference import chunked_token_logprobs, pad_batch, token_logprobs
 
 N, H, V = 37, 16, 53
 

@@ -9,7 +9,6 @@ import torch
 from reinforge.algorithms.losses import AGGREGATIONS, LossInputs, PPOClipSettings, ppo_clip_loss
 from reinforge.errors import ConfigError
 from reinforge.models.tiny import builtin_path
-from reinforge.train.common import pad_batch, token_logprobs
 from reinforge.train.packed_attention import (
     VARLEN,
     VARLEN_PADDED,
@@ -28,6 +27,7 @@ from reinforge.train.packing import (
     unpack,
 )
 from reinforge.train.packing_plan import plan_micro_batches, plan_shared_micro_batches
+from tests.padded_reference import pad_batch, token_logprobs
 
 TEMPERATURE = 0.7
 

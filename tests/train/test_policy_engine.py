@@ -10,8 +10,9 @@ from reinforge.engine.block_manager import pages_to_run_at_once
 from reinforge.engine.model_runner import kv_bytes_per_block
 from reinforge.engine.paged import PagedEngine
 from reinforge.engine.simple import SimpleEngine
-from reinforge.train.common import load_model, load_tokenizer, model_source
-from reinforge.train.memory import plan_rows, plan_run, probe_lengths
+from reinforge.models.loading import load_model, load_tokenizer, model_source
+from reinforge.train.lengths import probe_lengths
+from reinforge.train.memory import plan_rows, plan_run
 from reinforge.train.session import policy_engine
 
 RUN = [

@@ -5,14 +5,15 @@ import torch
 from reinforge.checkpoint import TrainerState
 from reinforge.config import TrainConfig, load_config
 from reinforge.data.chat import render_prompt
+from reinforge.models.loading import load_model, load_tokenizer, model_source
 from reinforge.rollout.sources import rollout_groups
 from reinforge.run import RunContext
 from reinforge.tasks.arithmetic import ArithmeticTasks
 from reinforge.train import rl
 from reinforge.train.advantage_step import Algorithm, assign_advantages, build_step_batch
-from reinforge.train.common import load_model, load_tokenizer, model_source
 from reinforge.train.learner import build_learner
-from reinforge.train.session import Policy, policy_engine
+from reinforge.train.memory import MemoryChoice
+from reinforge.train.session import Policy, RunSetup, policy_engine
 
 
 class DigitTasks(ArithmeticTasks):
@@ -45,7 +46,8 @@ def make_policy(cfg):
     tok = load_tokenizer(source)
     model = load_model(source, torch.device("cpu"), torch.float32)
     engine = policy_engine(cfg, model, tok, None)  # rollout.engine: "auto" takes the paged one
-    return Policy(model, tok, engine, torch.device("cpu"), source)
+    memory = MemoryChoice(cfg.train.micro_batch_tokens, False, None, "set by the test")
+    return Policy(model, tok, engine, source, RunSetup(source, model.device, model.dtype, memory))
 
 
 def make_learner(cfg, tmp_path, policy=None):

@@ -9,7 +9,8 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from reinforge.checkpoint import TrainerState, checkpoints_dir, save_checkpoint
+from reinforge.checkpoint import TrainerState, save_checkpoint
+from reinforge.checkpoint_files import Saved, checkpoints_dir
 from reinforge.config import SFTConfig, load_config, to_toml
 from reinforge.run import RunContext, Stopped
 from reinforge.train.sft_run import run_sft
@@ -76,9 +77,9 @@ def test_periodic_sft_checkpoints_keep_the_last_ones_and_leave_rl_steps_alone(tm
 
     model = AutoModelForCausalLM.from_pretrained(builtin_path("micro", 0))
     tok = AutoTokenizer.from_pretrained(builtin_path("micro", 0))
-    save_checkpoint(tmp_path, "step_000001", model, tok, None, None, TrainerState("rl", 1, 4))
+    save_checkpoint(tmp_path, "step_000001", Saved(model, tok, TrainerState("rl", 1, 4)))
     for step in (1, 2, 3):
         state = TrainerState("sft", step, 4 * step)
-        save_checkpoint(tmp_path, f"sft_step_{step:06d}", model, tok, None, None, state, 2)
+        save_checkpoint(tmp_path, f"sft_step_{step:06d}", Saved(model, tok, state), 2)
     names = sorted(p.name for p in checkpoints_dir(tmp_path).iterdir() if p.is_dir())
     assert names == ["sft_step_000002", "sft_step_000003", "step_000001"]

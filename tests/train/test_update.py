@@ -9,10 +9,10 @@ from reinforge.algorithms.losses import LossInputs, PolicyLossSettings, ppo_clip
 from reinforge.config import TrainConfig, load_config
 from reinforge.rollout.sources import rollout_groups
 from reinforge.train.advantage_step import assign_advantages, build_step_batch
-from reinforge.train.common import pad_batch
 from reinforge.train.optim import MixedAdamW, build_optimizer
 from reinforge.train.sft import sft_step
 from reinforge.train.update import update_policy
+from tests.padded_reference import pad_batch
 
 from .test_rl_loop import DigitTasks, make_learner, make_policy, micro_step_config
 

@@ -1,7 +1,10 @@
 """Advantage estimators: rewards in, advantages out.
 
-Outcome-reward estimators take group rewards [G prompts, N samples] and share one signature,
-`(rewards_GN, scale, eps) -> advantages_GN`, so the loop picks one from `presets.ADVANTAGES`:
+Outcome-reward estimators take the step's sequence rewards and share one signature,
+`(rewards, scale, eps, group_sizes) -> advantages`, so the loop picks one from
+`presets.ADVANTAGES`. The rewards are either a [G prompts, N samples] tensor (groups of equal
+size; advantages come back [G, N]) or a flat [B] tensor in group order with `group_sizes` (any
+sizes, 1 included; advantages come back [B]):
 
   grpo                   (r_i - mean_g) / (std + eps)               Shao et al. 2024
                          scale "none": Dr. GRPO                     Liu et al. 2025
@@ -14,6 +17,11 @@ rewards), "batch" (the whole step's rewards; for reinforce_pp_baseline, the step
 rewards, as the paper and verl do) or "none". `SCALES` lists what each estimator accepts. Std is
 the unbiased sample std; eps is TRL's 1e-4 or verl's 1e-6 (`algorithm.advantage_eps`).
 
+A group of one sample has no baseline but itself: the group-relative estimators (grpo, rloo, the
+group centring of reinforce_pp_baseline) give it 0, as a group of equal rewards. verl gives it
+mean 0 and std 1 instead, so its advantage is the raw reward (docs/algorithms.md, "Groups of any
+size"). reinforce_pp has no group baseline: a lone sample is one more entry of the batch.
+
 Token-level estimators work on per-token rewards over a ragged mask: `gae_advantages` (PPO, needs
 values), `discounted_returns` and `reinforce_pp_token_advantages` (REINFORCE++ with the KL penalty
 folded into token rewards). `EMABaseline` is REINFORCE with a running baseline; it holds state, so
@@ -21,6 +29,9 @@ it is a small class rather than a registry entry.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -30,50 +41,105 @@ from reinforge.algorithms.table import SCALES, Scale
 WHITEN_EPS = 1e-8
 
 
+@dataclass(frozen=True)
+class Groups:
+    """Which group each entry of a flat [B] reward tensor belongs to (groups are contiguous)."""
+
+    index_B: torch.Tensor  # group number of each entry, int64
+    sizes_G: torch.Tensor  # entries per group, float (the divisor of means)
+    first_B: torch.Tensor  # position of each entry's group's first entry
+
+    @classmethod
+    def of(cls, sizes: Sequence[int], device=None) -> Groups:
+        sizes_G = torch.as_tensor(list(sizes), dtype=torch.int64, device=device)
+        if sizes_G.numel() == 0 or bool((sizes_G < 1).any()):
+            raise ValueError(f"group sizes {list(sizes)}: every group needs 1 or more samples")
+        index_B = torch.repeat_interleave(torch.arange(len(sizes_G), device=device), sizes_G)
+        starts_G = torch.cumsum(sizes_G, 0) - sizes_G
+        return cls(index_B, sizes_G.to(torch.float64), starts_G[index_B])
+
+    def sum(self, values_B: torch.Tensor) -> torch.Tensor:
+        """Per-group sums [G] of [B] values."""
+        sums_G = torch.zeros(len(self.sizes_G), dtype=values_B.dtype, device=values_B.device)
+        return sums_G.index_add(0, self.index_B, values_B)
+
+
 def grpo_advantages(
-    rewards_GN: torch.Tensor, scale: Scale = "group", eps: float = 1e-6
+    rewards: torch.Tensor,
+    scale: Scale = "group",
+    eps: float = 1e-6,
+    group_sizes: Sequence[int] | None = None,
 ) -> torch.Tensor:
-    """rewards_GN: [groups, samples per group] -> advantages [G, N]: r - mean_g(r), divided by
-    the std `scale` names, plus eps. A group whose rewards are all equal gets zero advantage (it
-    carries no signal), and each group's advantages sum to zero, whatever the scale."""
-    return _scaled(_centre_groups(rewards_GN), rewards_GN, scale, eps)
+    """Rewards [G, N], or [B] with `group_sizes` -> advantages of the same shape: r - mean_g(r),
+    divided by the std `scale` names, plus eps. A group whose rewards are all equal, or of one
+    sample, gets zero advantage (it carries no signal), and each group's advantages sum to zero,
+    whatever the scale."""
+    rewards_B, groups, unflatten = _flat(rewards, group_sizes)
+    centred_B = _centre_groups(rewards_B, groups)
+    return unflatten(_scaled(centred_B, rewards_B, groups, scale, eps))
 
 
 def rloo_advantages(
-    rewards_GN: torch.Tensor, scale: Scale = "none", eps: float = 1e-6
+    rewards: torch.Tensor,
+    scale: Scale = "none",
+    eps: float = 1e-6,
+    group_sizes: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """REINFORCE leave-one-out (Kool et al. 2019; Ahmadian et al. 2024, arXiv:2402.14740):
-    A_i = r_i - 1/(N-1) * sum_{j != i} r_j  =  N/(N-1) * (r_i - mean_g).
+    A_i = r_i - 1/(n-1) * sum_{j != i} r_j  =  n/(n-1) * (r_i - mean_g), n the group's size.
     The baseline of sample i never sees r_i, so the estimator is unbiased; each group's
-    advantages sum to zero. A `scale` other than "none" (not in the paper) divides by a std."""
-    num_samples = rewards_GN.shape[1]
-    if num_samples < 2:
-        raise ValueError("RLOO needs at least 2 samples per prompt: set rollout.samples_per_prompt")
-    # r_i - (sum - r_i) / (N - 1) rearranges to N/(N-1) * (r_i - mean_g): one centring, exact zeros
-    centred = num_samples / (num_samples - 1) * _centre_groups(rewards_GN)
-    return _scaled(centred, rewards_GN, scale, eps)
+    advantages sum to zero. A group of one has no other sample to be its baseline: 0. A `scale`
+    other than "none" (not in the paper) divides by a std."""
+    rewards_B, groups, unflatten = _flat(rewards, group_sizes)
+    # r_i - (sum - r_i) / (n - 1) rearranges to n/(n-1) * (r_i - mean_g): one centring, exact zeros
+    n_B = groups.sizes_G[groups.index_B]
+    factor_B = torch.where(n_B > 1, n_B / (n_B - 1).clamp(min=1.0), torch.zeros_like(n_B))
+    centred_B = factor_B.to(rewards_B.dtype) * _centre_groups(rewards_B, groups)
+    return unflatten(_scaled(centred_B, rewards_B, groups, scale, eps))
 
 
 def reinforce_pp_advantages(
-    rewards_GN: torch.Tensor, scale: Scale = "batch", eps: float = 1e-6
+    rewards: torch.Tensor,
+    scale: Scale = "batch",
+    eps: float = 1e-6,
+    group_sizes: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """REINFORCE++ (Hu et al. 2025, arXiv:2501.03262) with sequence rewards and no group baseline:
     A = (r - mean_batch(r)) / std_batch(r). The whole step's batch is the normaliser, not the
     prompt's group, so a group whose rewards are all equal still gets a (shared) advantage."""
     _check_scale("reinforce_pp", scale)
-    return _scaled(_centre_batch(rewards_GN), rewards_GN, scale, eps)
+    rewards_B, groups, unflatten = _flat(rewards, group_sizes)
+    return unflatten(_scaled(_centre_batch(rewards_B), rewards_B, groups, scale, eps))
 
 
 def reinforce_pp_baseline_advantages(
-    rewards_GN: torch.Tensor, scale: Scale = "batch", eps: float = 1e-6
+    rewards: torch.Tensor,
+    scale: Scale = "batch",
+    eps: float = 1e-6,
+    group_sizes: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """REINFORCE++ w/ Baseline (Hu et al. 2025), the paper's variant for reasoning with k > 1
     samples per prompt: subtract the group mean, then whiten over the whole batch:
     r~_i = r_i - mean_g(r),  A_i = (r~_i - mean_batch(r~)) / std_batch(r~).
-    mean_batch(r~) is 0 up to rounding; each group's advantages sum to zero."""
+    mean_batch(r~) is 0 up to rounding; each group's advantages sum to zero; a group of one
+    has r~ = 0 and counts in std_batch as an entry of 0."""
     _check_scale("reinforce_pp_baseline", scale)
-    centred = _centre_batch(_centre_groups(rewards_GN))
-    return _scaled(centred, centred, scale, eps)
+    rewards_B, groups, unflatten = _flat(rewards, group_sizes)
+    centred_B = _centre_batch(_centre_groups(rewards_B, groups))
+    return unflatten(_scaled(centred_B, centred_B, groups, scale, eps))
+
+
+def _flat(rewards: torch.Tensor, group_sizes: Sequence[int] | None):
+    """(rewards [B], their Groups, a function giving results the input's shape)."""
+    if group_sizes is None:
+        assert rewards.dim() == 2, "flat rewards need group_sizes"
+        shape = rewards.shape
+        groups = Groups.of([shape[1]] * shape[0], rewards.device)
+        return rewards.flatten(), groups, lambda values_B: values_B.view(shape)
+    assert rewards.dim() == 1, "group_sizes go with flat rewards [B]"
+    groups = Groups.of(group_sizes, rewards.device)
+    assert len(groups.index_B) == rewards.numel(), (list(group_sizes), rewards.numel())
+    return rewards, groups, lambda values_B: values_B
 
 
 def _check_scale(name: str, scale: str) -> None:
@@ -84,24 +150,32 @@ def _check_scale(name: str, scale: str) -> None:
         )
 
 
-def _scaled(centred: torch.Tensor, spread: torch.Tensor, scale: Scale, eps: float) -> torch.Tensor:
-    """centred / (std of `spread` + eps): per group (rows) or over the batch; as is for none."""
+def _scaled(
+    centred_B: torch.Tensor, spread_B: torch.Tensor, groups: Groups, scale: Scale, eps: float
+) -> torch.Tensor:
+    """centred / (std of `spread` + eps): per group or over the batch; as is for none."""
     if scale == "none":
-        return centred
+        return centred_B
     if scale == "batch":
-        return centred / (_batch_std(spread) + eps)
+        return centred_B / (_batch_std(spread_B) + eps)
     assert scale == "group", scale
-    if spread.shape[1] < 2:
-        return centred  # a single sample is its own mean: 0 already
-    return centred / (spread.std(dim=1, keepdim=True, unbiased=True) + eps)
+    return centred_B / (_group_std(spread_B, groups) + eps)
 
 
-def _centre_groups(rewards_GN: torch.Tensor) -> torch.Tensor:
-    """r - mean_g(r), computed from the shift r - r_0 so that a group of equal rewards gives
-    exactly 0: the plain mean of equal float32 values can be off by one ulp, and the std division
-    after it would blow that rounding up into a sizeable advantage."""
-    shifted = rewards_GN - rewards_GN[:, :1]
-    return shifted - shifted.mean(dim=1, keepdim=True)
+def _centre_groups(rewards_B: torch.Tensor, groups: Groups) -> torch.Tensor:
+    """r - mean_g(r), computed from the shift r - r_first(g) so that a group of equal rewards
+    gives exactly 0 (a group of one too): the plain mean of equal float32 values can be off by
+    one ulp, and the std division after it would blow that rounding up into a sizeable advantage."""
+    shifted_B = rewards_B - rewards_B[groups.first_B]
+    means_G = groups.sum(shifted_B) / groups.sizes_G.to(rewards_B.dtype)
+    return shifted_B - means_G[groups.index_B]
+
+
+def _group_std(values_B: torch.Tensor, groups: Groups) -> torch.Tensor:
+    """Each entry's group's unbiased std [B]; 0 for a group of one (whose centred value is 0)."""
+    centred_B = _centre_groups(values_B, groups)
+    dof_G = (groups.sizes_G - 1).clamp(min=1).to(values_B.dtype)
+    return (groups.sum(centred_B.square()) / dof_G).sqrt()[groups.index_B]
 
 
 def _centre_batch(values: torch.Tensor) -> torch.Tensor:

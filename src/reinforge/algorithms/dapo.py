@@ -15,16 +15,25 @@ from collections.abc import Sequence
 import torch
 
 
-def filter_zero_variance_groups(rewards_GN: torch.Tensor, atol: float = 0.0) -> torch.Tensor:
-    """[G, N] -> keep mask [G] (bool): True where the group's rewards are not all equal (max - min
-    > atol). Only kept groups carry signal under group-relative advantages."""
-    spread_G = rewards_GN.max(dim=1).values - rewards_GN.min(dim=1).values
-    return spread_G > atol
+def filter_zero_variance_groups(
+    rewards: torch.Tensor, atol: float = 0.0, group_sizes: Sequence[int] | None = None
+) -> torch.Tensor:
+    """Rewards [G, N], or flat [B] in group order with `group_sizes` -> keep mask [G] (bool): True
+    where the group's rewards are not all equal (max - min > atol). Only kept groups carry signal
+    under group-relative advantages, so a group of one is dropped too (verl's DAPO keeps it: there
+    a lone sample's advantage is its raw reward, docs/algorithms.md)."""
+    if group_sizes is None:
+        return rewards.max(dim=1).values - rewards.min(dim=1).values > atol
+    assert sum(group_sizes) == rewards.numel(), (list(group_sizes), rewards.numel())
+    spreads = [g.max() - g.min() for g in torch.split(rewards, list(group_sizes))]
+    return torch.stack(spreads) > atol if spreads else torch.zeros(0, dtype=torch.bool)
 
 
-def zero_variance_fraction(rewards_GN: torch.Tensor, atol: float = 0.0) -> float:
+def zero_variance_fraction(
+    rewards: torch.Tensor, atol: float = 0.0, group_sizes: Sequence[int] | None = None
+) -> float:
     """Fraction of groups dynamic sampling would drop: the metric to log beside the keep mask."""
-    return 1.0 - filter_zero_variance_groups(rewards_GN, atol).float().mean().item()
+    return 1.0 - filter_zero_variance_groups(rewards, atol, group_sizes).float().mean().item()
 
 
 def overlong_penalty(

@@ -31,11 +31,10 @@ from reinforge.algorithms.losses import (
 )
 from reinforge.algorithms.table import PRESETS, Preset
 
-__all__ = ["ADVANTAGES", "POLICY_LOSSES", "PRESETS", "Preset", "policy_loss_settings"]
+__all__ = ["ADVANTAGES", "POLICY_LOSSES", "PRESETS", "Preset"]
 
-AdvantageFn = Callable[
-    [torch.Tensor, str, float], torch.Tensor
-]  # (rewards_GN, scale, eps) -> [G, N]
+# (rewards [G, N], scale, eps) -> [G, N]; or (rewards [B], scale, eps, group_sizes) -> [B]
+AdvantageFn = Callable[..., torch.Tensor]
 PolicyLossFn = Callable[[LossInputs, PolicyLossSettings], tuple[torch.Tensor, dict]]
 
 ADVANTAGES: dict[str, AdvantageFn] = {
@@ -50,19 +49,3 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "gspo": gspo_loss,
     "cispo": cispo_loss,
 }
-
-
-def policy_loss_settings(preset: Preset, tis_cap: float | None = None) -> PolicyLossSettings:
-    """The loss settings a preset implies. The KL coefficient reaches the loss only when the
-    preset places KL in the loss; a reward-side penalty is applied before advantages instead."""
-    is_kl_in_loss = preset["kl_placement"] == "loss"
-    return PolicyLossSettings(
-        clip_low=preset["clip_low"],
-        clip_high=preset["clip_high"],
-        kl_coef=preset["kl_coef"] if is_kl_in_loss else 0.0,
-        kl_estimator=preset["kl_estimator"],
-        entropy_coef=preset["entropy_coef"],
-        aggregation=preset["aggregation"],
-        dual_clip_c=preset["dual_clip_c"],
-        tis_cap=tis_cap,
-    )

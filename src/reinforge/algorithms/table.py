@@ -15,7 +15,7 @@ from typing import Literal, TypedDict
 AlgorithmName = Literal[
     "grpo", "dr_grpo", "dapo", "gspo", "cispo", "rloo", "reinforce_pp", "reinforce_pp_token", "ppo"
 ]
-# keys of presets.ADVANTAGES, plus the two estimators that are not (rewards_GN) -> advantages_GN
+# keys of presets.ADVANTAGES, plus the two estimators that are not (rewards) -> advantages
 # functions: "gae" (token-level, needs the value model) and "ema_baseline" (holds a running mean)
 AdvantageName = Literal[
     "grpo",

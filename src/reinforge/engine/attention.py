@@ -4,13 +4,13 @@ A backend writes the step's new K/V into the pool by slot and attends: prefill (
 tokens per sequence, causal, packed back to back) and decode (one query token per sequence).
 The reference backend gathers each sequence's pages and calls torch SDPA with grouped-query
 heads. The GPU path (`triton_attention`: a Triton paged decode kernel reading each page once per
-KV head, a fused RoPE + K/V write, packed varlen prefill) registers itself here under "cuda" the
-first time a CUDA model asks for a backend, so CPU-only installs never import Triton.
+KV head, a fused RoPE + K/V write, packed varlen prefill) builds on this module; `attention_select`
+picks between them and imports it only the first time a CUDA model asks for a backend, so CPU-only
+installs never import Triton.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -129,18 +129,3 @@ def decode_sdpa(q_BHD, k_cache, v_cache, meta: AttentionMetadata, scale: float) 
 SDPA_BACKEND = AttentionBackend(
     name="sdpa-gather", write_kv=write_kv_index_copy, prefill=prefill_sdpa, decode=decode_sdpa
 )
-ATTENTION_BACKENDS: dict[str, AttentionBackend] = {"cpu": SDPA_BACKEND}
-
-
-def select_attention_backend(device: torch.device) -> AttentionBackend:
-    if device.type == "cuda" and "cuda" not in ATTENTION_BACKENDS:
-        try:
-            import reinforge.engine.triton_attention  # noqa: F401  (registers "cuda")
-        except ImportError as error:
-            warnings.warn(
-                f"the Triton attention backend is unavailable ({error}); using the SDPA "
-                "reference backend on CUDA (correct, much slower). Install triton.",
-                stacklevel=2,
-            )
-            ATTENTION_BACKENDS["cuda"] = SDPA_BACKEND
-    return ATTENTION_BACKENDS.get(device.type, SDPA_BACKEND)

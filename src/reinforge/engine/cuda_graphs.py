@@ -18,6 +18,7 @@ Padded rows attend to one token of page 0 and write no K/V (slot -1); their logi
 from __future__ import annotations
 
 import bisect
+import threading
 import time
 from typing import Any
 
@@ -34,6 +35,9 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
 # rows of the static per-sequence inputs
 IDS, POSITIONS, SLOTS, CONTEXT_LENS, SEEDS, OUTPUT_POSITIONS = range(6)
 NUM_ROW_FIELDS = 6
+# Held while a graph is captured: CUDA calls from another thread (the disaggregated generator's
+# weight receive, train/disaggregated.py) during a capture would invalidate it.
+CAPTURE_LOCK = threading.Lock()
 PAD_ROW = (0, 0, -1, 1, 0, 0)
 
 
@@ -177,7 +181,7 @@ class DecodeGraphs:
         step()  # compiles the Triton kernels and sets up cuBLAS outside the capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with CAPTURE_LOCK, torch.cuda.graph(graph, pool=self.pool):
             step()
         if self.pool is None:
             self.pool = graph.pool()

@@ -88,14 +88,21 @@ def unsupported_reason(model) -> str | None:
         return f"the embedding is wrapped ({type(inner.embed_tokens).__name__})"
     projections = [("lm_head", lm.lm_head)]
     for i, layer in enumerate(inner.layers):
-        for part, names in (
-            ("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")),
-            ("mlp", ("gate_proj", "up_proj", "down_proj")),
-        ):
-            for name in names:
+        mlp_parts = [("mlp", layer.mlp)]
+        if hasattr(layer.mlp, "experts"):  # MoE: the routed experts are read by engine.moe
+            mlp_parts = [("mlp.shared_expert", getattr(layer.mlp, "shared_expert", None))]
+            if hasattr(layer.mlp, "shared_expert_gate"):
                 projections.append(
-                    (f"layers.{i}.{part}.{name}", getattr(getattr(layer, part), name))
+                    (f"layers.{i}.mlp.shared_expert_gate", layer.mlp.shared_expert_gate)
                 )
+        for part, module in (("self_attn", layer.self_attn), *mlp_parts):
+            if module is None:
+                continue
+            names = ("gate_proj", "up_proj", "down_proj")
+            if part == "self_attn":
+                names = ("q_proj", "k_proj", "v_proj", "o_proj")
+            for name in names:
+                projections.append((f"layers.{i}.{part}.{name}", getattr(module, name)))
     for name, proj in projections:
         base = proj.base_layer if is_lora_layer(proj) else proj
         if type(base) is not torch.nn.Linear:

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from reinforge.engine.attention import AttentionMetadata, select_attention_backend
+from reinforge.engine.attention import AttentionMetadata
+from reinforge.engine.attention_select import select_attention_backend
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.cuda_graphs import (
     CONTEXT_LENS,

@@ -26,11 +26,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from reinforge.engine import lora_forward
+from reinforge.engine import lora_forward, moe
 from reinforge.engine.attention import AttentionBackend, AttentionMetadata
 from reinforge.engine.lora_forward import causal_lm, is_lora_layer, linear
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", *moe.MOE_MODEL_TYPES)
 
 
 @dataclass(frozen=True)
@@ -162,6 +162,8 @@ def attention_block(
 
 
 def mlp_block(mlp: Any, x_TE: torch.Tensor, ops: ForwardOps) -> torch.Tensor:
+    if moe.is_moe_block(mlp):  # Qwen3-MoE / Qwen2-MoE: routed experts as grouped products
+        return moe.moe_block(mlp, x_TE)[0]
     return linear(
         ops.silu_mul(linear(x_TE, mlp.gate_proj), linear(x_TE, mlp.up_proj)), mlp.down_proj
     )

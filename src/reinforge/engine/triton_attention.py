@@ -28,7 +28,6 @@ import triton
 import triton.language as tl
 
 from reinforge.engine.attention import (
-    ATTENTION_BACKENDS,
     AttentionBackend,
     AttentionMetadata,
     prefill_sdpa,
@@ -465,4 +464,3 @@ TRITON_BACKEND = AttentionBackend(
     decode=decode_triton,
     rope_write_kv=rope_write_kv,
 )
-ATTENTION_BACKENDS["cuda"] = TRITON_BACKEND

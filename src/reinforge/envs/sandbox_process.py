@@ -25,7 +25,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from reinforge.envs.sandbox_isolation import bwrap_prefix, private_mounts_spec
 from reinforge.envs.sandbox_launcher import LAUNCHER
@@ -38,9 +38,6 @@ from reinforge.envs.sandbox_monitor import (
     tree_bytes,
 )
 from reinforge.errors import ConfigError
-
-if TYPE_CHECKING:
-    from reinforge.envs.sandbox import Sandbox
 
 _DRAIN_SECONDS = 0.2  # after the code exits, how long a background child may hold its pipes
 _STARTUP_SECONDS = 30.0  # most time from spawning to the program's start (bwrap, namespaces)
@@ -88,8 +85,18 @@ class SandboxResult:
         return self.exit_code == 0 and self.killed_reason is None
 
 
+class SandboxSettings(Protocol):
+    """What a run reads of `envs.sandbox.Sandbox` (which imports this module, not the reverse)."""
+
+    limits: SandboxLimits
+    python: str  # the interpreter the code runs under
+    bwrap: str | None
+    bwrap_sizes_tmpfs: bool
+    is_root: bool
+
+
 def run_program(
-    sandbox: Sandbox, backend: str, code_fd: int, workdir: str, uid: int | None
+    sandbox: SandboxSettings, backend: str, code_fd: int, workdir: str, uid: int | None
 ) -> SandboxResult:
     limits, is_bwrap = sandbox.limits, backend == "bwrap"
     status_r, status_w = os.pipe()
@@ -144,7 +151,7 @@ def run_program(
 
 
 def _launch_spec(
-    sandbox: Sandbox, is_bwrap: bool, uid: int | None, workdir: str, in_tmp: str
+    sandbox: SandboxSettings, is_bwrap: bool, uid: int | None, workdir: str, in_tmp: str
 ) -> dict:
     """What the launcher does (envs/sandbox_launcher.py), less the file descriptors."""
     disk_bytes = sandbox.limits.max_disk_mb * _MIB

@@ -14,17 +14,13 @@ import signal
 import subprocess
 import tempfile
 import time
-from typing import TYPE_CHECKING
 
-from reinforge.envs.sandbox_process import SandboxResult, clean_env
-
-if TYPE_CHECKING:
-    from reinforge.envs.sandbox import Sandbox
+from reinforge.envs.sandbox_process import SandboxResult, SandboxSettings, clean_env
 
 _POLL_SECONDS = 0.05
 
 
-def run_unconfined(sandbox: Sandbox, workdir: str) -> SandboxResult:
+def run_unconfined(sandbox: SandboxSettings, workdir: str) -> SandboxResult:
     limits = sandbox.limits
     env = clean_env(workdir, sandbox.python)
     if "SYSTEMROOT" in os.environ:  # Windows' Python cannot start without it

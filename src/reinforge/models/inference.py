@@ -28,7 +28,7 @@ class ModelRef:
 
 def find_checkpoint(path: str | Path) -> Path | None:
     """The checkpoint folder `path` names, or None when it names nothing local (a hub name)."""
-    from reinforge.checkpoint import checkpoints_dir, latest_checkpoint
+    from reinforge.checkpoint_files import checkpoints_dir, latest_checkpoint
 
     p = Path(path).expanduser()
     if checkpoints_dir(p).is_dir():
@@ -100,7 +100,7 @@ def load_inference_model(ref: ModelRef, device, dtype):
     """(model in eval mode without gradients, tokenizer) for `ref`."""
     import torch
 
-    from reinforge.train.common import load_model, load_tokenizer
+    from reinforge.models.loading import load_model, load_tokenizer
 
     tokenizer = load_tokenizer(str(ref.checkpoint or ref.source))
     if ref.adapter is None:

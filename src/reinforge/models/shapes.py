@@ -14,13 +14,11 @@ file; `load_model` sees the marker and builds instead of loading.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 SHAPE_PREFIX = "shape:"
 MARKER = "reinforge_shape.json"
-_VERSION = 1  # bump when the folder's contents change, so caches rebuild
+_VERSION = 2  # bump when the folder's contents change, so caches rebuild (2: the manifest)
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
 
@@ -35,7 +33,7 @@ def is_shape_folder(source: str | Path) -> bool:
 def shape_source(path: str, seed: int) -> Path:
     """The folder standing for `shape:FILE` at `seed`, written on first use."""
     from reinforge.errors import ConfigError
-    from reinforge.models.tiny import cache_dir
+    from reinforge.models.cache import cached_entry
 
     file = Path(path[len(SHAPE_PREFIX) :])
     if not file.is_file():
@@ -49,16 +47,9 @@ def shape_source(path: str, seed: int) -> Path:
             f"model.path = {path!r}: the shape file needs at least 'model_type' and 'vocab_size' "
             "(HF config fields, as in bench/shapes/qwen2.5-0.5b.json)"
         )
-    out = cache_dir() / f"shape-{file.stem}-v{_VERSION}-seed{seed}"
-    if not (out / MARKER).exists():
-        cache_dir().mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-            write_shape_folder(fields, seed, Path(tmp) / "model")
-            try:
-                os.replace(Path(tmp) / "model", out)
-            except OSError:  # another process wrote it first
-                assert (out / MARKER).exists()
-    return out
+    # one builder per node, published whole (models.cache)
+    name = f"shape-{file.stem}-v{_VERSION}-seed{seed}"
+    return cached_entry(name, lambda out: write_shape_folder(fields, seed, out))
 
 
 def write_shape_folder(fields: dict, seed: int, out: Path) -> None:

@@ -1,17 +1,18 @@
 """The built-in tiny model: transformers' own Qwen2 class at a few million parameters, with a
 byte-level tokenizer built offline by the `tokenizers` library and a ChatML chat template.
 
-It is written to disk with `save_pretrained` and read back with `from_pretrained`, the same path a
-user's Qwen checkpoint takes, so the whole pipeline runs offline on a laptop.
+It is written to disk in the HF layout (config, safetensors weights, tokenizer) and read back with
+`from_pretrained`, the same path a user's Qwen checkpoint takes, so the whole pipeline runs
+offline on a laptop. Entries live in reinforge's cache (`models.cache`): built once per node,
+whatever the number of processes asking, and published whole.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
+
+from reinforge.models.cache import cached_entry
 
 BUILTIN_PREFIX = "builtin:"
 SPECS = {
@@ -51,11 +52,9 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-_VERSION = 1  # bump when the builder's output changes, so caches rebuild
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("REINFORGE_CACHE", Path.home() / ".cache" / "reinforge"))
+# Bump when the builder's output changes, so caches rebuild. 2: weights written whatever the
+# process group (see build_builtin), and the cache's manifest.
+_VERSION = 2
 
 
 def is_builtin(path: str) -> bool:
@@ -71,17 +70,9 @@ def builtin_path(name: str, seed: int) -> Path:
             f"model.path = 'builtin:{name}' is not a built-in model; choose one of "
             f"{[BUILTIN_PREFIX + k for k in SPECS]}"
         )
-    out = cache_dir() / f"builtin-{name}-v{_VERSION}-seed{seed}"
-    if not (out / "config.json").exists():
-        with tempfile.TemporaryDirectory(
-            dir=cache_dir().mkdir(parents=True, exist_ok=True) or cache_dir()
-        ) as tmp:
-            build_builtin(name, seed, Path(tmp) / "model")
-            try:
-                os.replace(Path(tmp) / "model", out)
-            except OSError:  # another process built it first
-                assert (out / "config.json").exists()
-    return out
+    return cached_entry(
+        f"builtin-{name}-v{_VERSION}-seed{seed}", lambda out: build_builtin(name, seed, out)
+    )
 
 
 def build_tokenizer():
@@ -108,7 +99,11 @@ def build_tokenizer():
 
 
 def build_builtin(name: str, seed: int, out: Path) -> None:
+    """The HF folder of the built-in model `name` at `seed`. Every file is written by this
+    process, also under torchrun: `save_pretrained` would skip config and weights on ranks other
+    than global 0 (transformers asks the process group), leaving a tokenizer-only folder."""
     import torch
+    from safetensors.torch import save_file
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -131,12 +126,13 @@ def build_builtin(name: str, seed: int, out: Path) -> None:
         model = Qwen2ForCausalLM(config)
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
-    model.save_pretrained(out, safe_serialization=True)
+    out.mkdir(parents=True)
+    model.config.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    # the tied LM head is the embedding: stored once, as save_pretrained does
+    weights = {k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(weights, out / "model.safetensors", metadata={"format": "pt"})
     tok.save_pretrained(out)
     (out / "reinforge_builtin.json").write_text(
         json.dumps({"name": name, "seed": seed, "version": _VERSION})
     )
-
-
-def clear_cache() -> None:
-    shutil.rmtree(cache_dir(), ignore_errors=True)

@@ -7,21 +7,25 @@ signal. `LocalRollouts` runs it here; `RemoteRollouts` is a trainer's side of th
 mode (`distributed.mode = "disaggregated"`), where the last rank runs it for everyone and the
 trainers send their weights back (the generator's loop: `train/disaggregated.py`).
 
-The disaggregated protocol (blocking messages; rollouts point to point, weights broadcast from
-rank 0 to the generator over `distributed.link_group`):
+The disaggregated protocol (blocking messages in one order on both sides; rollouts point to
+point, weights broadcast from rank 0 to the generator over `distributed.link_group`):
 
-    generator, step s:  sample rollout(s); then, after the first step, receive the weights of
-                        step s - 1 (or a stop); send each trainer its share of rollout(s)
     trainer, step s:    after the first step, send the weights of step s - 1 (all trainers
                         gather them; the first sends); receive rollout(s); train step s
+    generator, step s:  (its link thread) after the first step, receive the weights of step
+                        s - 1 (or a stop); send each trainer its share of rollout(s) once it is
+                        sampled; meanwhile its sampling thread samples ahead
 
-So step s trains on samples from the weights of step s - 2: one optimizer step stale
-(`rollout_staleness`: 0 on the first step after a start or resume, then 1). Only the trainable
-tensors travel: the whole model in full fine-tuning, the adapters under LoRA.
+With k = `distributed.rollout_staleness`, rollout(t) is sampled from the weights of step
+t - 1 - k or later (the newest received), so step s trains on samples up to k optimizer steps
+old (`rollout_staleness` = s - 1 - `rollout_weights_step`: 0 on the first step after a start or
+resume). k = 0 is on-policy. Only the trainable tensors travel: the whole model in full
+fine-tuning, the adapters under LoRA. The generator's side: `train/disaggregated.py`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -123,8 +127,9 @@ def rollout_seed(cfg, step: int, round_index: int) -> int:
 
 
 def has_signal(groups: list[Group]) -> list[bool]:
-    rewards_GN = torch.tensor([[t.reward for t in g.trajectories] for g in groups])
-    return filter_zero_variance_groups(rewards_GN).tolist()
+    rewards_B = torch.tensor([t.reward for g in groups for t in g.trajectories])
+    sizes = [len(g.trajectories) for g in groups]
+    return filter_zero_variance_groups(rewards_B, group_sizes=sizes).tolist()
 
 
 def generator_rank() -> int:
@@ -139,6 +144,7 @@ class Rollout:
     metrics: dict[str, float]  # the sampling's own (rounds, reward errors, generation time)
     data_position: int  # after this step's prompts
     weights_step: int  # the optimizer step whose weights sampled it
+    step: int  # the training step it is for
 
 
 class LocalRollouts:
@@ -165,9 +171,14 @@ class RemoteRollouts:
         received: list = [None]
         torch.distributed.recv_object_list(received, src=generator_rank())
         rollout: Rollout = received[0]
+        assert rollout.step == step, (rollout.step, step)
         state.data_position = rollout.data_position
         self.generator_waits = step < self.max_steps
-        metrics = {**rollout.metrics, "rollout_staleness": float(step - 1 - rollout.weights_step)}
+        metrics = {
+            **rollout.metrics,
+            "rollout_staleness": float(step - 1 - rollout.weights_step),
+            "rollout_weights_step": float(rollout.weights_step),
+        }
         return rollout.groups, rollout.groups, metrics
 
     def close(self) -> None:
@@ -201,15 +212,20 @@ def send_weights(model, go: bool) -> None:
                 torch.distributed.broadcast(tensor.data, src=FIRST_TRAINER_RANK, group=link_group())
 
 
-def receive_weights(model) -> bool:
-    """The generator: the trainers' weights into its own model, in place (its engine reads them
-    there); False when the trainers stopped instead."""
+def receive_weights(tensors: list[torch.Tensor], lock=None, on_received=None) -> bool:
+    """The generator: the trainers' weights into `tensors` (the model's own trainable tensors,
+    which its engine reads in place, or a staging copy of them); False when the trainers
+    stopped instead. The tensors arrive holding `lock`, and `on_received` runs before it is
+    released (the generator's link thread marks the staged weights' step)."""
     flag = torch.tensor([0])
     torch.distributed.broadcast(flag, src=FIRST_TRAINER_RANK, group=link_group())
     if not flag.item():
         return False
-    for tensor in trainable(model):
-        torch.distributed.broadcast(tensor.data, src=FIRST_TRAINER_RANK, group=link_group())
+    with lock if lock is not None else contextlib.nullcontext():
+        for tensor in tensors:
+            torch.distributed.broadcast(tensor.data, src=FIRST_TRAINER_RANK, group=link_group())
+        if on_received is not None:
+            on_received()
     return True
 
 

@@ -175,7 +175,7 @@ def load_served_model(
     if engine not in ENGINES:
         raise ConfigError(f"engine = {engine!r} is unknown; use one of {list(ENGINES)}")
     from reinforge.models.inference import load_inference_model, resolve_model
-    from reinforge.train.common import resolve_device, resolve_dtype
+    from reinforge.models.loading import resolve_device, resolve_dtype
 
     torch_device = resolve_device(device)
     model, tokenizer = load_inference_model(

@@ -40,10 +40,11 @@ from reinforge.types import Group, Trajectory
 @dataclass
 class StepBatch:
     """The step's trajectories and their per-token data as completion rows [B, T] (see
-    `train.forward`), B = groups x samples per group, in group order."""
+    `train.forward`), B = the sum of the group sizes, in group order. Groups may differ in size
+    (a group of one included: `advantages` says what each estimator gives it)."""
 
     trajs: list[Trajectory]
-    group_size: int
+    group_sizes: list[int]
     mask_BT: torch.Tensor  # the loss mask
     sampler_BT: torch.Tensor  # the sampler's logprob of each token
     ref_BT: torch.Tensor | None = None  # the KL reference's logprobs (when kl_coef > 0)
@@ -61,20 +62,19 @@ class StepBatch:
     def completions(self) -> list[list[int]]:
         return [t.completion.token_ids for t in self.trajs]
 
-    def rewards_GN(self) -> torch.Tensor:
-        rewards_B = torch.tensor([t.reward for t in self.trajs], dtype=torch.float32)
-        return rewards_B.view(-1, self.group_size)
+    def rewards_B(self) -> torch.Tensor:
+        return torch.tensor([t.reward for t in self.trajs], dtype=torch.float32)
 
 
 def build_step_batch(groups: list[Group], a: AlgorithmSection, device) -> StepBatch:
     trajs = [t for g in groups for t in g.trajectories]
-    group_size = len(groups[0].trajectories)
-    assert all(len(g.trajectories) == group_size for g in groups), "groups of equal size"
+    group_sizes = [len(g.trajectories) for g in groups]
+    assert trajs and min(group_sizes) >= 1, f"a step of empty groups: sizes {group_sizes}"
     sampler_BT = to_rows([t.completion.logprobs for t in trajs], device)
     mask_BT = to_rows([loss_mask(t) for t in trajs], device)
     if a.mask_truncated:
         mask_BT = mask_truncated(mask_BT, [t.completion.finish_reason for t in trajs])
-    batch = StepBatch(trajs, group_size, mask_BT, sampler_BT)
+    batch = StepBatch(trajs, group_sizes, mask_BT, sampler_BT)
     # The losses divide by the step's counts; in a distributed run, the global step's.
     batch.num_tokens = sum_over_ranks(float(mask_BT.sum()))
     if a.seq_count == "all":  # TRL: every row counts, an empty one adds 0 to the sum
@@ -106,14 +106,17 @@ def to_rows(values: list[list[float]], device) -> torch.Tensor:
 
 
 class GroupEstimator:
-    """A `presets.ADVANTAGES` function: sequence rewards [G, N] -> one advantage per sequence."""
+    """A `presets.ADVANTAGES` function: sequence rewards [B] of groups of any size -> one
+    advantage per sequence."""
 
     def __init__(self, a: AlgorithmSection) -> None:
         self.fn, self.scale, self.eps = ADVANTAGES[a.advantage], a.scale_rewards, a.advantage_eps
 
-    def __call__(self, rewards_GN: torch.Tensor, batch: StepBatch) -> None:
-        all_GN = gather_rows(rewards_GN)  # batch statistics are the global batch's
-        batch.advantages = this_ranks(self.fn(all_GN, self.scale, self.eps).flatten())
+    def __call__(self, rewards_B: torch.Tensor, batch: StepBatch) -> None:
+        all_B, first = gather_flat(rewards_B)  # batch statistics are the global batch's
+        sizes, _ = gather_flat(torch.tensor(batch.group_sizes))
+        advantages_B = self.fn(all_B, self.scale, self.eps, group_sizes=sizes.tolist())
+        batch.advantages = advantages_B[first : first + len(rewards_B)]
 
     def state_dict(self) -> dict:
         return {}
@@ -122,9 +125,16 @@ class GroupEstimator:
         pass
 
 
-def this_ranks(values_B: torch.Tensor) -> torch.Tensor:
-    """This rank's rows of values over the global batch (ranks hold equal shares, in order)."""
-    return values_B.reshape(world_size(), -1)[rank()] if world_size() > 1 else values_B
+def gather_flat(values: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """(every rank's 1-D `values` concatenated in rank order, where this rank's start): the
+    ranks' counts may differ (groups of any size)."""
+    if world_size() == 1:
+        return values, 0
+    counts = gather_rows(torch.tensor([values.numel()])).tolist()
+    padded = torch.zeros(max(counts), dtype=values.dtype)
+    padded[: values.numel()] = values
+    parts = gather_rows(padded[None])
+    return torch.cat([parts[r, :count] for r, count in enumerate(counts)]), sum(counts[: rank()])
 
 
 class EMAEstimator(GroupEstimator):
@@ -137,12 +147,12 @@ class EMAEstimator(GroupEstimator):
             a.advantage_eps,
         )
 
-    def __call__(self, rewards_GN: torch.Tensor, batch: StepBatch) -> None:
-        all_GN = gather_rows(rewards_GN)  # every rank moves its baseline by the global batch
-        advantages_B = self.baseline.advantages(all_GN.flatten())
+    def __call__(self, rewards_B: torch.Tensor, batch: StepBatch) -> None:
+        all_B, first = gather_flat(rewards_B)  # every rank moves its baseline by the global batch
+        advantages_B = self.baseline.advantages(all_B)
         if self.scale == "batch" and advantages_B.numel() > 1:
-            advantages_B = advantages_B / (all_GN.std() + self.eps)
-        batch.advantages = this_ranks(advantages_B)
+            advantages_B = advantages_B / (all_B.std() + self.eps)
+        batch.advantages = advantages_B[first : first + len(rewards_B)]
 
     def state_dict(self) -> dict:
         return self.baseline.state_dict()
@@ -160,9 +170,9 @@ class TokenEstimator(GroupEstimator):
         self.kl_estimator, self.whiten = a.kl_estimator, a.scale_rewards == "batch"
         self.gamma = a.gamma
 
-    def __call__(self, rewards_GN: torch.Tensor, batch: StepBatch) -> None:
+    def __call__(self, rewards_B: torch.Tensor, batch: StepBatch) -> None:
         mask_BT = batch.mask_BT
-        token_rewards_BT = outcome_token_rewards(rewards_GN.flatten().to(mask_BT.device), mask_BT)
+        token_rewards_BT = outcome_token_rewards(rewards_B.to(mask_BT.device), mask_BT)
         if self.kl_token_coef > 0:
             assert batch.ref_BT is not None, "a KL reward penalty needs reference logprobs"
             token_rewards_BT = kl_penalized_token_rewards(
@@ -244,8 +254,8 @@ def assign_advantages(
     batch: StepBatch, algorithm: Algorithm, max_new_tokens: int
 ) -> dict[str, float]:
     """Shape the rewards, run the estimator, and give each trajectory its (mean) advantage."""
-    rewards_GN, metrics = shaped_rewards(batch, algorithm.section, max_new_tokens)
-    algorithm.estimator(rewards_GN, batch)
+    rewards_B, metrics = shaped_rewards(batch, algorithm.section, max_new_tokens)
+    algorithm.estimator(rewards_B, batch)
     assert batch.advantages is not None
     # branches' shared tokens: the mean of their advantages (rollout.branching, hard)
     batch.advantages = shared_token_advantages(
@@ -265,26 +275,26 @@ def assign_advantages(
 def shaped_rewards(
     batch: StepBatch, a: AlgorithmSection, max_new_tokens: int
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The task rewards [G, N] plus DAPO's overlong penalty and a sequence-level KL penalty (RLOO:
+    """The task rewards [B] plus DAPO's overlong penalty and a sequence-level KL penalty (RLOO:
     r - beta * sum_t KL_t, from the sampler's logprobs against the reference's), as configured."""
-    rewards_GN = batch.rewards_GN()
+    rewards_B = batch.rewards_B()
     metrics: dict[str, float] = {}
     if a.overlong_buffer:
         lengths_B = torch.tensor([t.num_completion_tokens for t in batch.trajs])
         penalty_B = overlong_penalty(lengths_B, max_new_tokens, a.overlong_buffer)
-        rewards_GN = rewards_GN + penalty_B.view_as(rewards_GN)
+        rewards_B = rewards_B + penalty_B
         metrics["overlong_penalty"] = float(penalty_B.mean())
     if a.kl_coef > 0 and a.kl_placement == "reward_sequence":
         assert batch.ref_BT is not None, "a KL reward penalty needs reference logprobs"
         mask_BT = batch.mask_BT
         penalized_B = kl_penalized_rewards(
-            rewards_GN.flatten().to(mask_BT.device),
+            rewards_B.to(mask_BT.device),
             batch.sampler_BT,
             batch.ref_BT,
             mask_BT,
             a.kl_coef,
             a.kl_estimator,
         ).cpu()
-        metrics["kl_penalty"] = float((rewards_GN.flatten() - penalized_B).mean())
-        rewards_GN = penalized_B.view_as(rewards_GN)
-    return rewards_GN, metrics
+        metrics["kl_penalty"] = float((rewards_B - penalized_B).mean())
+        rewards_B = penalized_B
+    return rewards_B, metrics

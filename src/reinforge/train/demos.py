@@ -25,8 +25,6 @@ from reinforge.rollout.episodes import environment_delta, render
 from reinforge.rollout.trajectories import tools_to_render
 from reinforge.types import Message, Task
 
-NUM_DEMOS_PROBED = 32  # reference episodes the planner measures
-
 
 def demonstration(
     tokenizer, env_tasks: EnvTasks, task: Task
@@ -130,74 +128,3 @@ def require_demonstrations(env_tasks: EnvTasks) -> None:
             f"task.name = {env_tasks.name!r} has no reference demonstrations for an SFT stage; "
             "set sft.steps = 0 (RL alone), or use a task that has them (tool_arithmetic, game)"
         )
-
-
-def episode_lengths(cfg, tokenizer, env_tasks: EnvTasks, context: int):
-    """The planner's `Lengths` for an env task: the longest opening prompt, and the longest
-    reference episode when an SFT stage trains on them. Errors name the setting to change when
-    the episode context is above the model's (`context`), or a demonstration does not fit it."""
-    from reinforge.train.memory import NUM_TRAIN_PROMPTS_PROBED, Lengths
-
-    max_context = cfg.task.max_context or context
-    if max_context > context:
-        raise ConfigError(
-            f"task.max_context = {max_context} is above the model's context ({context}); "
-            f"set task.max_context <= {context}, or leave it unset"
-        )
-    cfg.task.max_context = max_context  # resolved: the planner and the run read it from here on
-    tools = tools_to_render(env_tasks)
-    probe = env_tasks.eval_tasks() + [
-        env_tasks.train_task(i) for i in range(NUM_TRAIN_PROMPTS_PROBED)
-    ]
-    longest_prompt = max(
-        len(render(tokenizer, env_tasks.env.reset(t).messages, tools, True)) for t in probe
-    )
-    if longest_prompt >= max_context:
-        raise ConfigError(
-            f"the longest opening prompt is {longest_prompt} tokens, which leaves no room in the "
-            f"episode context ({max_context}); raise task.max_context (up to the model's "
-            f"context, {context})"
-        )
-    longest_demo = longest_turn = 0
-    if cfg.sft.steps > 0:
-        require_demonstrations(env_tasks)
-        for i in range(NUM_DEMOS_PROBED):
-            prompt, ids, mask = demo_episode(tokenizer, env_tasks, i)
-            if len(prompt) + len(ids) > max_context:
-                raise ConfigError(
-                    f"the reference episode of training task {i} runs to {len(prompt) + len(ids)} "
-                    f"tokens, above the episode context ({max_context}); raise task.max_context "
-                    "(up to the model's context) or shorten the episodes (task.max_turns)"
-                )
-            longest_demo = max(longest_demo, len(ids))
-            longest_turn = max(longest_turn, *turn_lengths(mask))
-    check_turn_budgets(cfg, longest_turn)
-    return Lengths(longest_prompt, longest_demo, len(probe))
-
-
-def turn_lengths(mask: list[int]) -> list[int]:
-    """Lengths of the assistant turns (runs of 1) in an episode's loss mask."""
-    lengths, run = [], 0
-    for m in [*mask, 0]:
-        if m:
-            run += 1
-        elif run:
-            lengths.append(run)
-            run = 0
-    return lengths or [0]
-
-
-def check_turn_budgets(cfg, longest_turn: int) -> None:
-    """A model taught turns longer than its per-turn budget would be cut off mid-call every
-    time: refuse that, naming the budget to raise."""
-    rollout = getattr(cfg, "rollout", None)
-    budgets = [("eval.max_new_tokens", cfg.eval.max_new_tokens)]
-    if rollout is not None:
-        budgets.append(("rollout.max_new_tokens", rollout.max_new_tokens))
-    for setting, budget in budgets:
-        if budget is not None and budget < longest_turn:
-            raise ConfigError(
-                f"{setting} = {budget} cannot hold the longest assistant turn of the SFT "
-                f"reference episodes ({longest_turn} tokens with its end-of-turn id): every such "
-                f"turn would be cut off; set {setting} >= {longest_turn}"
-            )

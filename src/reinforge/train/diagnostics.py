@@ -8,7 +8,8 @@ Per RL step (metrics.jsonl, the console):
   `POLICY_PROBE_SEQS` sequences of the step's first micro-batch (about 1/12 of the update's
   compute at 64 of 256 sequences). "Before" is the sampler's logprobs: on one device with one
   update per step that is the policy before the update (`kl_sampler` is their difference; in a
-  disaggregated run they are a step older, so the figure holds two steps' change).
+  disaggregated run they are up to `distributed.rollout_staleness` steps older, so the figure
+  holds that many more steps' change).
   `policy_ratio_low_frac` / `policy_ratio_high_frac`: tokens whose probability moved below
   1 - clip_low / above 1 + clip_high times its old value in that one step (a second epoch on the
   batch would clip them; with one update per step the clip never acts, so nothing but the
@@ -53,6 +54,8 @@ KL_TOO_SMALL = 1e-4
 KL_TOO_LARGE = 0.02
 FEW_SIGNAL_GROUPS = 0.5  # zero-signal share above which most of the batch teaches nothing
 SMALL_HEADROOM = 0.10  # pass@k - pass@1 below this leaves little to sharpen
+CHANCE_CONSISTENCY = 0.15  # passes this independent of the task are guesses, not known answers
+SHARPENED = 0.05  # sampled pass@1 up, pass@k down by at least this, greedy within MIN_CHANGE
 TEMPERATURE_GAP = 0.15  # greedy pass@1 above sampled pass@1 by this much
 
 
@@ -154,11 +157,30 @@ def headroom_metrics(
     passes = [(len(r), sum(x >= 1.0 for x in r)) for r in sampled_rewards]
     pass1 = statistics.fmean(pass_at_k(n, c, 1) for n, c in passes)
     passk = statistics.fmean(pass_at_k(n, c, k) for n, c in passes)
+    consistency = task_consistency(passes)
     return {
         SAMPLED + "1": pass1,
         f"{SAMPLED}{k}": passk,
         "eval_headroom": passk - eval_pass1,
-    }
+    } | ({} if consistency is None else {"eval_task_consistency": consistency})
+
+
+def task_consistency(passes: Sequence[tuple[int, int]]) -> float | None:
+    """The intra-task correlation of passes, (samples, passes) per task: the ANOVA estimator of
+    a beta-binomial's rho, 1 - within-task variance / total variance of the pass indicator,
+    clipped to [0, 1]. 0: passing does not depend on the task (every task at the same rate, as
+    chance gives); 1: each task passes always or never. None where it is undefined (fewer than
+    two tasks of two or more samples, or every sample alike)."""
+    passes = [(n, c) for n, c in passes if n >= 2]
+    total = sum(n for n, _ in passes)
+    if len(passes) < 2:
+        return None
+    p = sum(c for _, c in passes) / total
+    if p in (0.0, 1.0):
+        return None
+    # unbiased within-task variance of the pass indicator (n p_i (1 - p_i) / (n - 1) per task)
+    within = sum(c * (n - c) / (n - 1) for n, c in passes) / total
+    return min(max(1.0 - within / (p * (1.0 - p)), 0.0), 1.0)
 
 
 def headroom_eval(cfg, policy, tasks, max_new_tokens: int, result: EvalResult) -> dict[str, float]:
@@ -238,9 +260,12 @@ def explain_run(rows: Sequence[dict]) -> list[str]:
     verdict, first, last = reward_trend([r["reward_mean"] for r in steps])
     drop = evals[0]["eval_accuracy"] - evals[-1]["eval_accuracy"] if len(evals) > 1 else 0.0
     is_stuck = verdict == "falling" or (verdict == "flat" and last < CEILING)
-    if not is_stuck and drop <= MAX_HELD_OUT_DROP:
+    sharpened = sharpening(evals)
+    if not is_stuck and drop <= MAX_HELD_OUT_DROP and not sharpened:
         return []
     head = f"{verdict} reward ({first:.2f} -> {last:.2f} over {len(steps)} steps)"
+    if sharpened and not is_stuck and drop <= MAX_HELD_OUT_DROP:
+        return [f"{head}: {sharpened}"]
     if drop > MAX_HELD_OUT_DROP:
         before, after = evals[0]["eval_accuracy"], evals[-1]["eval_accuracy"]
         head += f", held-out pass@1 fell {before:.1%} -> {after:.1%}"
@@ -259,6 +284,12 @@ def diagnosis(steps: Sequence[dict], evals: Sequence[dict]) -> list[str]:
         points = 100 * first["eval_headroom"]
         little = ": little for RL to sharpen" if first["eval_headroom"] < SMALL_HEADROOM else ""
         said.append(f"pass@{k} - pass@1 = {points:.0f} points at step {first['step']}{little}")
+        chance = first.get("eval_task_consistency")
+        if not little and chance is not None and chance < CHANCE_CONSISTENCY:
+            said.append(
+                f"but passes barely depend on the task (consistency {chance:.2f}; 0 is chance): "
+                f"the headroom is lucky guesses among {k} tries, not answers RL can sharpen"
+            )
     said += _update_size(steps)
     last = next((r for r in reversed(evals) if "eval_sampled_pass@1" in r), None)
     if last is not None and last["eval_accuracy"] - last["eval_sampled_pass@1"] > TEMPERATURE_GAP:
@@ -274,6 +305,29 @@ def diagnosis(steps: Sequence[dict], evals: Sequence[dict]) -> list[str]:
             f"{shift:.1e})"
         )
     return said or ["no diagnostics were logged"]
+
+
+def sharpening(evals: Sequence[dict]) -> str | None:
+    """The note for RL that only concentrated the samples on the greedy answers: sampled pass@1
+    rose toward greedy pass@1 while pass@k fell toward it, and greedy pass@1 held still. The
+    training reward rises, yet the model answers no held-out task it did not answer before."""
+    scored = [r for r in evals if SAMPLED + "1" in r]
+    if len(scored) < 2:
+        return None
+    first, last = scored[0], scored[-1]
+    k = sampled_k(first)
+    up = last[SAMPLED + "1"] - first[SAMPLED + "1"]
+    down = first[SAMPLED + k] - last[SAMPLED + k]
+    greedy = last["eval_accuracy"] - first["eval_accuracy"]
+    if up < SHARPENED or down < SHARPENED or abs(greedy) > MIN_CHANGE:
+        return None
+    return (
+        f"RL sharpened the samples onto the greedy answers: sampled pass@1 "
+        f"{first[SAMPLED + '1']:.0%} -> {last[SAMPLED + '1']:.0%}, pass@{k} "
+        f"{first[SAMPLED + k]:.0%} -> {last[SAMPLED + k]:.0%}, greedy pass@1 "
+        f"{first['eval_accuracy']:.0%} -> {last['eval_accuracy']:.0%}: the model learnt no "
+        "answer its greedy decoding lacked (more steps, or a task nearer its reach, can)"
+    )
 
 
 def _update_size(steps: Sequence[dict]) -> list[str]:
@@ -335,3 +389,12 @@ def sampled_k(metrics: dict) -> str:
         for key in metrics
         if key.startswith(SAMPLED) and key != SAMPLED + "1"
     )
+
+
+def device_memory_metrics(device: torch.device) -> dict[str, float]:
+    """Peak accelerator memory since the last call (GiB), then reset: one figure per step."""
+    if device.type != "cuda":
+        return {}
+    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    torch.cuda.reset_peak_memory_stats(device)
+    return {"gpu_peak_gib": peak}

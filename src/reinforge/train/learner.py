@@ -19,11 +19,12 @@ import torch
 
 from reinforge.algorithms.value import ValueHead
 from reinforge.checkpoint import TrainerState, load_extra_state, load_optimizer, restore_rng
+from reinforge.checkpoint_files import Saved
 from reinforge.config import TrainConfig
 from reinforge.distributed import in_lockstep, is_replicated, shard_model
+from reinforge.models.loading import load_model, model_source
 from reinforge.run import RunContext
 from reinforge.train.advantage_step import Algorithm, StepBatch
-from reinforge.train.common import load_model, model_source
 from reinforge.train.forward import completion_rows, micro_batches, packed_logprobs
 from reinforge.train.optim import STATE_DTYPES, build_optimizer
 from reinforge.train.packed_attention import select_packed_attention
@@ -84,7 +85,7 @@ def build_learner(
         algorithm.load_state_dict(extra["algorithm"])
         if value_head is not None:
             value_head.load_state_dict(extra["value_head"])
-        load_optimizer(ckpt, optimizer, scheduler, policy.model)
+        load_optimizer(ckpt, Saved(policy.model, policy.tokenizer, state, optimizer, scheduler))
         restore_rng(ckpt)
     return learner
 
@@ -125,7 +126,7 @@ def score_with_models(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> N
     if learner.value_head is not None:
         batch.old_values_BT = torch.zeros(shape, device=batch.mask_BT.device)
     share = cfg.train.share_prompts
-    tokens = cfg.train.micro_batch_tokens
+    tokens = learner.policy.setup.memory.micro_batch_tokens
     lockstep = in_lockstep(learner.policy.model)
     for idx in micro_batches(batch.prompts, batch.completions, tokens, share, lockstep):
         prompts = [batch.prompts[i] for i in idx]

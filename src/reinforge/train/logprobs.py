@@ -26,7 +26,8 @@ Contract
 `final_hidden_states(model, ...)` runs a HF causal LM's decoder (`model.get_decoder()`, which
 includes any PEFT adapter layers) and stops before its LM head, so the model never builds logits;
 `lm_head_weight(model)` is the output embedding (the tied input embedding when tied). Together
-they give `chunked_token_logprobs`, a drop-in for `common.token_logprobs` on padded batches.
+they give the packed trainer's logprobs (`train.forward`); tests check them against full logits on
+padded batches (`tests/padded_reference.py`).
 """
 
 from __future__ import annotations
@@ -254,22 +255,3 @@ def final_hidden_states(
         **kwargs,
     )
     return out.last_hidden_state
-
-
-def chunked_token_logprobs(
-    model, batch, temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK_SIZE
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Drop-in for `common.token_logprobs` on a `PaddedBatch`: logprobs and entropy [B, L-1],
-    computed only where `mask_BT` is set (zeros elsewhere); entropy keeps its grad."""
-    hidden_BLH = final_hidden_states(model, batch.input_ids_BL, batch.attention_mask_BL)
-    keep_BT = batch.mask_BT > 0
-    hidden_KH = hidden_BLH[:, :-1][keep_BT]
-    logprobs_K, entropy_K = chunked_logprobs(
-        hidden_KH, lm_head_weight(model), batch.targets_BT[keep_BT], temperature, chunk_size
-    )
-    logprobs_BT = torch.zeros(keep_BT.shape, dtype=torch.float32, device=keep_BT.device)
-    entropy_BT = torch.zeros_like(logprobs_BT)
-    return (
-        logprobs_BT.masked_scatter(keep_BT, logprobs_K),
-        entropy_BT.masked_scatter(keep_BT, entropy_K),
-    )

@@ -12,6 +12,13 @@ Contract
 - Adapters follow PEFT's defaults for the rest: B starts at zero (the wrapped model equals the
   base at step 0) and adapter weights are float32 even on a bf16 base (their AdamW updates are
   tiny next to the weights).
+- Mixture-of-experts models (transformers' `qwen3_moe` / `qwen2_moe`: the experts are stacked
+  parameters `mlp.experts.gate_up_proj` [E, 2I, H] and `mlp.experts.down_proj` [E, H, I], the
+  router `mlp.gate` a plain module): PEFT maps the pre-v5 names onto them (`target_parameters`,
+  one `ParamWrapper` per stacked parameter, rank r per expert; gate_up_proj fuses two names, so
+  it takes rank 2r and alpha 2 * alpha). "all-linear" therefore adapts attention, the router and
+  every expert; a list names what it wants ("gate_proj", "up_proj", "down_proj" for the
+  experts, "gate" for the router). PEFT takes no dropout on those parameters: a `ConfigError`.
 - `save_adapter` / `load_adapter` use PEFT's format (adapter_config.json +
   adapter_model.safetensors), loadable by any PEFT user.
 - `adapter_disabled(model)` is the base model inside a `with`: the KL reference costs no
@@ -49,6 +56,11 @@ class LoraReport:
         )
 
 
+def lora_alpha(lora) -> float:
+    """`model.lora.alpha`, or twice the rank when unset."""
+    return lora.alpha if lora.alpha is not None else 2.0 * lora.rank
+
+
 def apply_lora(
     model,
     rank: int = 16,
@@ -62,6 +74,11 @@ def apply_lora(
 
     check_settings(rank, alpha, dropout)
     targets = target_modules if isinstance(target_modules, str) else list(target_modules)
+    if dropout > 0 and has_stacked_experts(model):
+        raise ConfigError(
+            f"{SETTING}.dropout = {dropout}: PEFT's LoRA on the stacked expert weights and the "
+            f"router of a mixture-of-experts model takes no dropout; use {SETTING}.dropout = 0.0"
+        )
     config = LoraConfig(
         r=rank,
         lora_alpha=alpha,
@@ -70,13 +87,30 @@ def apply_lora(
         bias="none",
         task_type="CAUSAL_LM",
     )
-    if not _is_all_linear(targets) and not _matching_modules(model, config):
+    # On a MoE model PEFT maps expert and router names onto parameters no module matches
+    # ("gate_proj" -> mlp.experts.gate_up_proj): PEFT's own binding decides there.
+    moe = has_stacked_experts(model)
+    if not _is_all_linear(targets) and not moe and not _matching_modules(model, config):
         raise _no_binding_error(model, targets)
-    peft_model = get_peft_model(model, config)
+    try:
+        peft_model = get_peft_model(model, config)
+    except ValueError as error:  # PEFT: "Target modules ... not found in the base model"
+        if not moe or "not found" not in str(error):
+            raise
+        raise _no_binding_error(model, targets) from error
     report = lora_report(peft_model)
     if report.num_bound_modules == 0:
         raise _no_binding_error(model, targets)
     return peft_model, report
+
+
+def has_stacked_experts(model) -> bool:
+    from reinforge.engine.moe import EXPERT_PARAMS
+
+    return any(
+        all(hasattr(module, p) for p in EXPERT_PARAMS) and name.endswith("experts")
+        for name, module in model.named_modules()
+    )
 
 
 def bind_on_meta(
@@ -179,6 +213,8 @@ def _matching_modules(model, config) -> list[str]:
 
 def _no_binding_error(model, targets) -> ConfigError:
     available = linear_layer_names(model)
+    if has_stacked_experts(model):  # the names PEFT maps onto the router and the experts
+        available = sorted({*available, "gate", "gate_proj", "up_proj", "down_proj"})
     example = [n for n in ("q_proj", "v_proj") if n in available] or available[:2]
     return ConfigError(
         f"{SETTING}.target_modules = {targets!r} binds the adapter to 0 modules; this model's "

@@ -7,8 +7,8 @@ the budget it plans in, and the choices the trainer takes from it.
   plan says why.
 - Choices: `train.micro_batch_tokens` and `model.gradient_checkpointing` when the config leaves
   them unset / "auto". Set values are planned with as given, and refused (naming what fits) when
-  they cannot fit. `resolve_memory` writes the choices into the config, so the rest of the run
-  reads concrete values.
+  they cannot fit. The run reads the choices from its `RunSetup` (`train.session`); the config
+  keeps the values the user gave.
 - KV cache: the paged engine's page pool is the plan's (`MemoryChoice.kv_cache_bytes`: the
   whole step's rollout when it fits beside training), or `rollout.kv_cache_bytes` when set (the
   planner plans around it). The engine never sizes itself from "all free memory" in a run: the
@@ -39,8 +39,8 @@ from pathlib import Path
 
 from reinforge.config_envs import is_env_task
 from reinforge.distributed import env_local_world_size, env_train_size
-from reinforge.envs.env_tasks import EnvTasks
 from reinforge.errors import ConfigError
+from reinforge.train.lengths import Lengths
 from reinforge.train.planner import (
     GOOD_MICRO_TOKENS,
     ModelShape,
@@ -57,7 +57,6 @@ from reinforge.train.planner import (
 # peak, in all of them). With the block-diagonal mask, 512 was best (0.96 s): L^2 attention.
 CPU_MAX_MICRO_TOKENS = 2048
 DEFAULT_MICRO_TOKENS = 8192
-NUM_TRAIN_PROMPTS_PROBED = 512
 REQUIRED_CONFIG_KEYS = (
     "hidden_size",
     "intermediate_size",
@@ -234,14 +233,15 @@ def available_ram() -> int | None:
     return None
 
 
-def workload(cfg, prompt_len: int, longest_solution: int) -> Workload:
+def workload(cfg, lengths: Lengths) -> Workload:
     """The step shape: RL's rollout for `reinforge train`, the SFT batch for `reinforge sft`."""
+    prompt_len, longest_solution = lengths.longest_prompt, lengths.longest_solution
     rollout = getattr(cfg, "rollout", None)
     if rollout is not None:
         new_tokens = rollout.max_new_tokens
         if is_env_task(cfg.task):  # an episode: every turn and env reply after the prompt
-            assert cfg.task.max_context is not None, "probe_lengths resolves the episode context"
-            new_tokens = cfg.task.max_context - prompt_len
+            assert lengths.episode_context is not None, "probe_lengths resolves it for env tasks"
+            new_tokens = lengths.episode_context - prompt_len
         return Workload(
             prompt_len,
             new_tokens,
@@ -252,51 +252,12 @@ def workload(cfg, prompt_len: int, longest_solution: int) -> Workload:
     return Workload(prompt_len, longest_solution, 1, cfg.sft.batch_size)
 
 
-def resolve_memory(cfg, choice: MemoryChoice) -> None:
-    """Write the plan's choices into the config: the run reads concrete values from here on."""
-    cfg.train.micro_batch_tokens = choice.micro_batch_tokens
-    cfg.model.gradient_checkpointing = choice.gradient_checkpointing
-    if getattr(cfg, "distributed", None) is not None:
-        cfg.distributed.accumulate_unsharded = choice.accumulate_unsharded
-        if choice.num_shards > 1:
-            cfg.distributed.strategy = "replicate" if choice.replicated else "fsdp"
-
-
-@dataclass(frozen=True)
-class Lengths:
-    longest_prompt: int
-    longest_solution: int  # reference solution + EOS (what SFT trains on); 0 without solutions
-    num_probed: int
-
-
-def probe_lengths(cfg, tokenizer) -> Lengths:
-    """Token lengths over the held-out tasks and the first `NUM_TRAIN_PROMPTS_PROBED` training
-    tasks."""
-    from reinforge.data.chat import eos_ids, render_prompt
-    from reinforge.tasks import task_source_for
-
-    tasks = task_source_for(cfg, tokenizer)
-    if isinstance(tasks, EnvTasks):  # prompts as the env opens them; reference episodes for SFT
-        from reinforge.preflight import model_context
-        from reinforge.train.demos import episode_lengths
-
-        return episode_lengths(cfg, tokenizer, tasks, model_context(cfg)[0])
-    probe = tasks.eval_tasks() + [tasks.train_task(i) for i in range(NUM_TRAIN_PROMPTS_PROBED)]
-    solutions = [t.solution for t in probe if t.solution is not None]
-    return Lengths(
-        max(len(render_prompt(tokenizer, t.messages)) for t in probe),
-        max((len(tokenizer.encode(s, add_special_tokens=False)) for s in solutions), default=0)
-        + len(eos_ids(tokenizer)),
-        len(probe),
-    )
-
-
 def plan_run(cfg, tokenizer, lengths: Lengths, resumed_micro_tokens: int | None = None):
     """(MemoryChoice, LoraReport or None) for `cfg`, from the model's config.json alone."""
     from transformers import AutoConfig
 
-    from reinforge.train.common import model_source, resolve_device, resolve_dtype
-    from reinforge.train.lora import bind_on_meta
+    from reinforge.models.loading import model_source, resolve_device, resolve_dtype
+    from reinforge.train.lora import bind_on_meta, lora_alpha
 
     source = model_source(cfg.model.path, cfg.run.seed)
     device = resolve_device(cfg.run.device)
@@ -312,15 +273,11 @@ def plan_run(cfg, tokenizer, lengths: Lengths, resumed_micro_tokens: int | None 
         AutoConfig.from_pretrained(source).to_dict(),
         device,
         dtype_bytes,
-        workload(cfg, lengths.longest_prompt, lengths.longest_solution),
+        workload(cfg, lengths),
         report.num_trainable_params if report else None,
         resumed_micro_tokens,
     )
     return choice, report
-
-
-def lora_alpha(lora) -> float:
-    return lora.alpha if lora.alpha is not None else 2.0 * lora.rank
 
 
 def plan_rows(choice: MemoryChoice) -> list[tuple[str, str]]:

@@ -15,15 +15,15 @@ Contract
   ids is what counts: nothing is assumed about groups.
 - Per-token data lives in the "K layout": the micro-batch's completion tokens, sequence after
   sequence (K = their total). `target_positions_K[k]` is the row position whose output predicts
-  completion token k (as in `pad_batch`: the target at position t is token t + 1), so the LM head
+  completion token k (the target at position t is token t + 1), so the LM head
   runs on K positions only, never on prompts. `targets_K`, `mask_K` (the loss mask) and every
   per-token extra (e.g. the sampler's logprobs) share this layout; per-sequence extras (e.g. the
   advantage) are `[S]`.
 - `unpack(x_K, batch)` gives each sequence its values back; `batch.rows(x_K)` lays them out as
   right-padded `[S, T]` rows (T = longest completion), the shape `algorithms.losses` takes.
 - `packed_logprobs(model, batch, temperature)` is the forward: final hidden states of the row,
-  then the chunked LM head of `train.logprobs` on the K target positions. It replaces
-  `pad_batch` + `token_logprobs` in the RL update.
+  then the chunked LM head of `train.logprobs` on the K target positions. Tests check it against
+  full logits over right-padded rows (`tests/padded_reference.py`).
 
 Which sequences share a micro-batch is `train.packing_plan`'s (plain Python over lengths).
 Attention stays inside each segment's keys: `train.packed_attention` (the implementations, the
@@ -69,19 +69,6 @@ class PackSequence:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
-
-
-def sequences_from_trajectories(trajs) -> list[PackSequence]:
-    """RL trajectories as pack inputs: sampler logprobs per token, the advantage per sequence."""
-    return [
-        PackSequence(
-            t.prompt_ids,
-            t.completion.token_ids,
-            token_values={"sampler_logprobs": t.completion.logprobs},
-            seq_values={"advantage": t.advantage},
-        )
-        for t in trajs
-    ]
 
 
 @dataclass

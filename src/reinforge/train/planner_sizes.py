@@ -77,6 +77,12 @@ class ModelShape:
     head_dim: int
     vocab_size: int
     dtype_bytes: int = 2
+    # mixture of experts (0: dense): `intermediate_size` is then the width a token passes
+    # through (top-k experts' plus a shared expert's), `num_params` counts every expert
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    num_active_params: int = 0  # parameters a token reads (from_hf_config; dense: num_params)
 
     @property
     def q_dim(self) -> int:
@@ -99,12 +105,29 @@ class ModelShape:
         head_dim = config.get("head_dim") or h // heads
         inter = config["intermediate_size"]
         q, kv = heads * head_dim, kv_heads * head_dim
-        has_bias = config.get("attention_bias", config.get("model_type") == "qwen2")
-        per_layer = h * q + 2 * h * kv + q * h + 3 * h * inter + 2 * h
+        model_type = config.get("model_type")
+        has_bias = config.get("attention_bias", model_type in ("qwen2", "qwen2_moe"))
+        per_layer = h * q + 2 * h * kv + q * h + 2 * h
         per_layer += (q + 2 * kv) if has_bias else 0
-        per_layer += 2 * head_dim if config.get("model_type") == "qwen3" else 0  # q/k norms
+        per_layer += 2 * head_dim if model_type in ("qwen3", "qwen3_moe") else 0  # q/k norms
         embeddings = v * h * (1 if config.get("tie_word_embeddings", False) else 2)
+        # transformers 5 saves `num_experts` as `num_local_experts`
+        experts = config.get("num_experts") or config.get("num_local_experts") or 0
+        moe_inter = config.get("moe_intermediate_size", 0)
+        active_layer = per_layer + 3 * h * inter
+        if experts:  # every layer sparse (decoder_sparse_step 1, no mlp_only_layers), as Qwen's
+            shared = config.get("shared_expert_intermediate_size") or 0
+            dense_part = per_layer + h * experts + 3 * h * shared + (h if shared else 0)
+            inter = config["num_experts_per_tok"] * moe_inter + shared
+            active_layer = dense_part + 3 * h * inter
+            per_layer = dense_part + experts * 3 * h * moe_inter
+        else:
+            per_layer = active_layer
         return cls(
+            num_experts=experts,
+            num_experts_per_tok=config.get("num_experts_per_tok", 0) if experts else 0,
+            moe_intermediate_size=moe_inter if experts else 0,
+            num_active_params=embeddings + ly * active_layer + h,
             num_params=embeddings + ly * per_layer + h,
             num_layers=ly,
             hidden_size=h,
@@ -154,6 +177,10 @@ def format_bytes(size: int) -> str:
 def lora_trainable_params(model: ModelShape, rank: int) -> int:
     """LoRA A/B parameters on every linear layer of the decoder (PEFT's "all-linear")."""
     m = model
+    if m.num_experts:  # attention, the router, every expert's gate_up (PEFT: rank 2r) and down
+        h, e, i = m.hidden_size, m.num_experts, m.moe_intermediate_size
+        attention = 4 * h + 2 * m.q_dim + 2 * m.kv_dim
+        return rank * m.num_layers * (attention + (h + e) + 2 * e * (h + 2 * i) + e * (i + h))
     in_plus_out = 7 * m.hidden_size + 2 * m.q_dim + 2 * m.kv_dim + 3 * m.intermediate_size
     return rank * m.num_layers * in_plus_out
 
@@ -226,6 +253,10 @@ def compute_sizes(x: PlanInputs) -> Sizes:
     )
     sampling = 2 * min(num_seqs, SAMPLING_SEQS) * m.vocab_size * 4
     prefill_per_token = d * (2 * m.hidden_size + m.q_dim + 2 * m.kv_dim + 2 * m.intermediate_size)
+    if m.num_experts:  # the grouped products' k rows per token (engine.moe)
+        prefill_per_token += (
+            d * m.num_experts_per_tok * (4 * m.hidden_size + 3 * m.moe_intermediate_size)
+        )
     prefill = min(PREFILL_CHUNK_TOKENS, num_seqs * seq_len) * prefill_per_token
     tokens_max = max(seq_len, min(num_seqs * seq_len, MAX_MICRO_TOKENS))
     gathered_training = unsharded_accumulation = 0
@@ -267,6 +298,8 @@ def activation_bytes_per_token(x: PlanInputs, checkpointing: bool) -> int:
     m, d = x.model, x.model.dtype_bytes
     h, q, kv, inter = m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size
     layer = 8 * h + 4 * d * h + d * (3 * q + 2 * kv) + 4 * d * inter
+    if m.num_experts:  # k rows per token: gathered inputs, gate/up, down, weighted, unsorted
+        layer += d * m.num_experts_per_tok * (4 * h + 3 * m.moe_intermediate_size)
     if x.lora_rank is not None:
         layer += 4 * (5 * h + q + inter) + 28 * x.lora_rank
     ends = 4 * d * h

@@ -14,27 +14,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from reinforge.checkpoint import TrainerState, checkpoints_dir
+from reinforge.checkpoint import TrainerState
+from reinforge.checkpoint_files import checkpoints_dir
 from reinforge.metrics import console
-from reinforge.train.common import load_model, model_source
-from reinforge.train.memory import lora_alpha
+from reinforge.models.loading import load_model
+from reinforge.train.lora import lora_alpha
+from reinforge.train.moe import install_grouped_moe
 from reinforge.train.packed_attention import select_packed_attention
 
 SFT_FINAL = "sft_final"
 
 
-def build_model(cfg, run_dir: Path, ckpt: Path | None, state: TrainerState, device, dtype):
+def build_model(cfg, run_dir: Path, ckpt: Path | None, state: TrainerState, setup):
     """(model, the folder its weights came from): ready to train and to generate with."""
     lora = cfg.model.lora
     sft_final = checkpoints_dir(run_dir) / SFT_FINAL
     if lora.rank and state.sft_done and sft_final.exists():
         source = str(sft_final)
     elif lora.rank or ckpt is None:
-        source = model_source(cfg.model.path, cfg.run.seed)
+        source = setup.source
     else:
         source = str(ckpt)
-    model = load_model(source, device, dtype, bool(cfg.model.gradient_checkpointing))
+    checkpointing = setup.memory.gradient_checkpointing
+    model = load_model(source, setup.device, setup.dtype, checkpointing)
     select_packed_attention(model, "auto")
+    install_grouped_moe(model)  # MoE: grouped experts, LoRA through its factors, router log
     if lora.rank:
         adapter = ckpt if ckpt is not None and (ckpt / "adapter_config.json").exists() else None
         model = attach_adapter(cfg, model, adapter)

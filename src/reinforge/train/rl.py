@@ -14,7 +14,8 @@ import math
 import time
 
 from reinforge import faults, watchdog
-from reinforge.checkpoint import TrainerState, latest_checkpoint, rng_state, wait_for_saves
+from reinforge.checkpoint import TrainerState, rng_state, wait_for_saves
+from reinforge.checkpoint_files import Saved, latest_checkpoint
 from reinforge.config import TrainConfig
 from reinforge.distributed import (
     any_rank,
@@ -31,10 +32,13 @@ from reinforge.rollout.sources import LocalRollouts, RemoteRollouts, rollout_sou
 from reinforge.rollout.trajectories import SUMMED as EPISODE_SUMS
 from reinforge.rollout.trajectories import episode_metrics, tool_use_notes
 from reinforge.run import RunContext, Stopped, Summary
-from reinforge.tasks import task_source_for
 from reinforge.train.advantage_step import assign_advantages, build_step_batch
-from reinforge.train.common import device_memory_metrics
-from reinforge.train.diagnostics import headroom_eval, headroom_text, learning_notes
+from reinforge.train.diagnostics import (
+    device_memory_metrics,
+    headroom_eval,
+    headroom_text,
+    learning_notes,
+)
 from reinforge.train.disaggregated import generate_for_trainers
 from reinforge.train.learner import Learner, build_learner, score_with_models
 from reinforge.train.nonfinite import enforce_non_finite_policy
@@ -45,6 +49,7 @@ from reinforge.train.session import (
     open_logger,
     progress_bar,
     run_eval,
+    run_tasks,
     save,
     sft_phase,
 )
@@ -60,7 +65,7 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
     if is_generator():  # rank 0 of a disaggregated run: it only samples, for the trainers
         return generate_for_trainers(cfg, ctx)
     policy, state, ckpt = load_policy(cfg, ctx)
-    sft_tasks = task_source_for(cfg, policy.tokenizer)
+    sft_tasks = run_tasks(cfg, policy)
     tasks = single_turn_tasks(sft_tasks, cfg.task.rewards)  # every task an env (rollout/)
     logger = open_logger(cfg, ctx, state)
     summary = Summary("train", ctx.run_dir, final_step=state.step)
@@ -210,18 +215,18 @@ def save_rl(
     rng: dict | None = None,
     asynchronous: bool = False,
 ):
-    return save(
-        ctx,
-        f"step_{state.step:06d}",
-        learner.policy,
+    policy = learner.policy
+    saved = Saved(
+        policy.model,
+        policy.tokenizer,
+        state,
         learner.optimizer,
         learner.scheduler,
-        state,
-        cfg.checkpoint.keep_last,
         learner.checkpoint_state(),
         rng,
-        asynchronous and not is_distributed(),  # a sharded save is collective: in step
     )
+    name, keep_last = f"step_{state.step:06d}", cfg.checkpoint.keep_last
+    return save(ctx, name, saved, keep_last, asynchronous and not is_distributed())
 
 
 def mark_consistent(ctx: RunContext, cfg: TrainConfig, learner: Learner, state: TrainerState):

@@ -3,6 +3,7 @@ held-out evaluation, checkpoint saving, the SFT phase, the progress bar."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -17,21 +18,23 @@ from reinforge.checkpoint import (
     TrainerState,
     check_disk_room,
     checkpoint_bytes,
-    checkpoints_dir,
-    latest_checkpoint,
     load_optimizer,
     load_trainer_state,
     save_checkpoint,
 )
+from reinforge.checkpoint_files import Saved, checkpoints_dir, latest_checkpoint
 from reinforge.distributed import any_rank, is_generator, is_main, shard_model, share
 from reinforge.engine.base import Engine
 from reinforge.engine.factory import build_engine
+from reinforge.envs.env_tasks import EnvTasks
 from reinforge.eval import EvalResult, evaluate
 from reinforge.metrics import MetricsLogger, NullLogger, console
+from reinforge.models.loading import load_tokenizer, model_source, resolve_device, resolve_dtype
 from reinforge.run import RunContext, Stopped
-from reinforge.train.common import load_tokenizer, model_source, resolve_device, resolve_dtype
+from reinforge.tasks import task_source_for
 from reinforge.train.forward import packed_logprobs
-from reinforge.train.memory import plan_run, probe_lengths, resolve_memory
+from reinforge.train.lengths import probe_lengths
+from reinforge.train.memory import MemoryChoice, plan_run
 from reinforge.train.nonfinite import enforce_non_finite_policy
 from reinforge.train.optim import STATE_DTYPES, build_optimizer
 from reinforge.train.policy_model import SFT_FINAL, attach_adapter, build_model, merge_adapter
@@ -40,19 +43,42 @@ from reinforge.train.sft import sft_examples, sft_step
 PHASE_RANK = {"sft": 0, "rl": 1}
 
 
+@dataclass(frozen=True)
+class RunSetup:
+    """What a run resolves once at its start, from its config and the machine, and passes down
+    (on its `Policy`); never written back into the config, which keeps what the user gave."""
+
+    source: str  # `model.path` as a loadable folder (a built-in model is built on first use)
+    device: torch.device
+    dtype: torch.dtype
+    memory: MemoryChoice  # micro-batch tokens, checkpointing, sharding, the engine's KV pool
+    episode_context: int | None = None  # env tasks: an episode's tokens (task.max_context resolved)
+
+
 @dataclass
 class Policy:
     model: torch.nn.Module
     tokenizer: object
     engine: Engine  # reads `model`'s parameters in place: nothing to sync after a step
-    device: torch.device
     source: str  # where the weights were loaded from
-    kv_cache_bytes: int | None = None  # the paged engine's KV pool, from the memory plan
+    setup: RunSetup
+
+    @property
+    def device(self) -> torch.device:
+        return self.setup.device
+
+
+def run_tasks(cfg, policy: Policy):
+    """The run's task source; an env task's episodes get the context the setup resolved."""
+    tasks = task_source_for(cfg, policy.tokenizer)
+    if isinstance(tasks, EnvTasks) and policy.setup.episode_context is not None:
+        tasks = dataclasses.replace(tasks, max_context=policy.setup.episode_context)
+    return tasks
 
 
 def load_policy(cfg, ctx: RunContext) -> tuple[Policy, TrainerState, Path | None]:
-    """The policy (fresh, or from the run's latest checkpoint), after the memory plan has set
-    `train.micro_batch_tokens` and `model.gradient_checkpointing` in `cfg`."""
+    """The policy (fresh, or from the run's latest checkpoint) and the run's setup on it: the
+    memory plan is made here, before the weights load."""
     if cfg.run.num_threads:
         torch.set_num_threads(cfg.run.num_threads)
     torch.manual_seed(cfg.run.seed)
@@ -62,8 +88,9 @@ def load_policy(cfg, ctx: RunContext) -> tuple[Policy, TrainerState, Path | None
     state = load_trainer_state(ckpt) if ckpt is not None else TrainerState("rl", 0, 0)
     base = model_source(cfg.model.path, cfg.run.seed)
     tokenizer = load_tokenizer(str(ckpt) if ckpt else (cfg.model.tokenizer or base))
-    choice, _ = plan_run(cfg, tokenizer, probe_lengths(cfg, tokenizer), state.micro_batch_tokens)
-    resolve_memory(cfg, choice)
+    lengths = probe_lengths(cfg, tokenizer)
+    choice, _ = plan_run(cfg, tokenizer, lengths, state.micro_batch_tokens)
+    setup = RunSetup(base, device, dtype, choice, lengths.episode_context)
     state.micro_batch_tokens = choice.micro_batch_tokens
     sharded = ""
     if choice.replicated and choice.num_shards > 1:
@@ -76,7 +103,7 @@ def load_policy(cfg, ctx: RunContext) -> tuple[Policy, TrainerState, Path | None
         f"checkpointing {'on' if choice.gradient_checkpointing else 'off'}{sharded} "
         f"({choice.budget_note})"
     )
-    model, source = build_model(cfg, ctx.run_dir, ckpt, state, device, dtype)
+    model, source = build_model(cfg, ctx.run_dir, ckpt, state, setup)
     # under torchrun FSDP2 or a replica per process (`distributed.strategy`); one process: as it is
     model = shard_model(model, replicate=choice.replicated, packed_forward=packed_logprobs)
     watchdog.beat_on_forward(model)  # every forward is progress for the hang watchdog
@@ -87,7 +114,7 @@ def load_policy(cfg, ctx: RunContext) -> tuple[Policy, TrainerState, Path | None
         if warning:
             console.print(f"[yellow]{warning}[/yellow]")
     engine = policy_engine(cfg, model, tokenizer, choice.kv_cache_bytes)
-    policy = Policy(model, tokenizer, engine, device, source, choice.kv_cache_bytes)
+    policy = Policy(model, tokenizer, engine, source, setup)
     return policy, state, ckpt
 
 
@@ -143,29 +170,12 @@ def run_eval(cfg, policy: Policy, tasks, max_new_tokens: int) -> EvalResult | No
 def save(
     ctx: RunContext,
     name: str,
-    policy: Policy,
-    optimizer,
-    scheduler,
-    state: TrainerState,
+    saved: Saved,
     keep_last: int | None = None,
-    extra_state: dict | None = None,
-    rng: dict | None = None,
     asynchronous: bool = False,
 ) -> Path:
     with watchdog.phase("checkpoint"):
-        return save_checkpoint(
-            ctx.run_dir,
-            name,
-            policy.model,
-            policy.tokenizer,
-            optimizer,
-            scheduler,
-            state,
-            keep_last,
-            extra_state,
-            rng,
-            asynchronous,
-        )
+        return save_checkpoint(ctx.run_dir, name, saved, keep_last, asynchronous)
 
 
 def sft_phase(
@@ -197,7 +207,7 @@ def sft_phase(
     )
     if state.phase == "sft" and state.step > 0:
         assert ckpt is not None
-        load_optimizer(ckpt, optimizer, scheduler, policy.model)
+        load_optimizer(ckpt, Saved(policy.model, policy.tokenizer, state, optimizer, scheduler))
     else:
         state = TrainerState("sft", 0, state.data_position, False, state.micro_batch_tokens)
     every = max(total_steps // 10, 1)
@@ -218,12 +228,11 @@ def sft_phase(
                     prompts,
                     responses,
                     o.max_grad_norm,
-                    micro_batch_tokens=cfg.train.micro_batch_tokens,
+                    micro_batch_tokens=policy.setup.memory.micro_batch_tokens,
                     poison=poison,
                     share_prompts=cfg.train.share_prompts,
                     masks=masks,
-                    accumulate_unsharded=getattr(cfg, "distributed", None) is not None
-                    and cfg.distributed.accumulate_unsharded is True,
+                    accumulate_unsharded=policy.setup.memory.accumulate_unsharded,
                 )
             state.step = step
             logger.log(step, {**metrics, **faults.step_metrics()}, phase="sft")
@@ -237,11 +246,13 @@ def sft_phase(
             if validate is not None:
                 validate(step)
             if any_rank(ctx.should_stop) and step < total_steps:
-                path = save(ctx, f"sft_step_{step:06d}", policy, optimizer, scheduler, state)
+                saved = Saved(policy.model, policy.tokenizer, state, optimizer, scheduler)
+                path = save(ctx, f"sft_step_{step:06d}", saved)
                 raise Stopped(ctx.stop_signal or "signal", path)
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total_steps:
                 keep = cfg.checkpoint.keep_last
-                save(ctx, f"sft_step_{step:06d}", policy, optimizer, scheduler, state, keep)
+                saved = Saved(policy.model, policy.tokenizer, state, optimizer, scheduler)
+                save(ctx, f"sft_step_{step:06d}", saved, keep)
     state = TrainerState("rl", 0, state.data_position, True, state.micro_batch_tokens)
     save_sft_final(cfg, ctx, policy, state)
     for stale in checkpoints_dir(ctx.run_dir).glob("sft_step_*"):
@@ -255,13 +266,14 @@ def save_sft_final(cfg, ctx: RunContext, policy: Policy, state: TrainerState) ->
     """Save the SFT result, where RL starts (and its KL reference). With LoRA the SFT adapter is
     merged into the weights first, and RL gets a fresh adapter on top of them."""
     if not cfg.model.lora.rank:
-        save(ctx, SFT_FINAL, policy, None, None, state)
+        save(ctx, SFT_FINAL, Saved(policy.model, policy.tokenizer, state))
         return
     policy.model = merge_adapter(policy.model)
-    path = save(ctx, SFT_FINAL, policy, None, None, state)
+    path = save(ctx, SFT_FINAL, Saved(policy.model, policy.tokenizer, state))
     policy.model = attach_adapter(cfg, policy.model)
     del policy.engine  # its KV pool is freed before the new engine allocates one
-    policy.engine = policy_engine(cfg, policy.model, policy.tokenizer, policy.kv_cache_bytes)
+    kv_cache_bytes = policy.setup.memory.kv_cache_bytes
+    policy.engine = policy_engine(cfg, policy.model, policy.tokenizer, kv_cache_bytes)
     policy.source = str(path)
 
 

@@ -11,7 +11,6 @@ from reinforge.config import SFTConfig
 from reinforge.distributed import is_main
 from reinforge.metrics import console, plot_curves
 from reinforge.run import RunContext, Summary
-from reinforge.tasks import task_source_for
 from reinforge.train.rl import log_eval
 from reinforge.train.session import (
     Policy,
@@ -19,6 +18,7 @@ from reinforge.train.session import (
     held_out,
     load_policy,
     open_logger,
+    run_tasks,
     sft_phase,
 )
 from reinforge.train.sft import validation_loss
@@ -26,7 +26,7 @@ from reinforge.train.sft import validation_loss
 
 def run_sft(cfg: SFTConfig, ctx: RunContext) -> Summary:
     policy, state, ckpt = load_policy(cfg, ctx)
-    tasks = task_source_for(cfg, policy.tokenizer)
+    tasks = run_tasks(cfg, policy)
     if ckpt is None:
         state.phase = "sft"
     logger = open_logger(cfg, ctx, state)
@@ -65,7 +65,7 @@ def validate_sft(
 ) -> float | None:
     """Validation loss on the held-out solutions (`eval_loss`), then held-out accuracy where the
     tasks can be scored (the evaluation `reinforge eval` runs); returns the accuracy."""
-    tokens = cfg.train.micro_batch_tokens
+    tokens = policy.setup.memory.micro_batch_tokens
     loss = validation_loss(policy.model, policy.tokenizer, held_out(cfg, tasks), tokens)
     if loss is not None:
         logger.log(step, {"eval_loss": loss}, phase="sft")

@@ -33,6 +33,7 @@ from reinforge.train.advantage_step import StepBatch
 from reinforge.train.diagnostics import clip_fractions, measure_policy_change
 from reinforge.train.forward import completion_rows, micro_batches
 from reinforge.train.learner import Learner
+from reinforge.train.moe import begin_micro_batch, router_aux_loss
 from reinforge.train.optim import advance_schedule
 from reinforge.train.value import head_values
 
@@ -42,11 +43,15 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
     totals: dict[str, float] = {}
     optimizer.zero_grad(set_to_none=True)
     model = learner.policy.model
-    t = cfg.train
+    memory = learner.policy.setup.memory  # the run's plan (`train.memory`)
     batches = micro_batches(
-        batch.prompts, batch.completions, t.micro_batch_tokens, t.share_prompts, in_lockstep(model)
+        batch.prompts,
+        batch.completions,
+        memory.micro_batch_tokens,
+        cfg.train.share_prompts,
+        in_lockstep(model),
     )
-    unsharded = cfg.distributed.accumulate_unsharded is True  # the plan's choice (`train.memory`)
+    unsharded = memory.accumulate_unsharded
     with accumulation(model, unsharded) as before:
         for i, idx in enumerate(batches):
             before(last=i == len(batches) - 1)
@@ -82,6 +87,7 @@ def micro_step(
 ) -> dict[str, torch.Tensor]:
     """Forward, loss and backward of one micro-batch; returns its share of the step's metrics."""
     a, algorithm = cfg.algorithm, learner.algorithm
+    begin_micro_batch(learner.policy.model, a.router_aux_coef)
     rows = completion_rows(
         learner.policy.model,
         [batch.prompts[i] for i in idx],
@@ -125,6 +131,11 @@ def micro_step(
         )
         loss = loss + value_loss  # the head reads detached hidden states: separate gradients
         metrics.update(value_metrics)
+    aux = router_aux_loss(learner.policy.model, a.router_aux_coef)
+    if aux is not None:  # per micro-batch, weighted by its share of the step's sequences
+        aux = aux * (len(idx) / len(batch.completions))
+        loss = loss + aux
+        metrics["router_aux_loss"] = aux.detach()
     (loss * loss_scale()).backward()
     metrics["kl_sampler"] = mismatch_kl(sampler_ST, rows.logprobs_ST, mask_ST, batch.num_tokens)
     return metrics

@@ -8,10 +8,7 @@ for a move. Players are 0 (moves first) and 1.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Protocol
-
-from reinforge.errors import ConfigError
 
 Position = Any  # a game's own immutable position type (a Board, an OpenSpiel state)
 
@@ -68,25 +65,3 @@ class Game(Protocol):
         """How good a position looks for `player` (|value| < 100_000), for depth-limited search;
         0 where the game has no heuristic."""
         ...
-
-
-BUILTIN_GAMES = ("tic_tac_toe", "connect_four")
-
-
-@functools.cache
-def load_game(name: str) -> Game:
-    """A built-in game by name ("tic_tac_toe", "connect_four"), or an OpenSpiel game by its game
-    string after "openspiel:" ("openspiel:connect_four"); loaded once per process."""
-    from reinforge.envs.games.in_a_row import CONNECT_FOUR, TIC_TAC_TOE
-
-    if name.startswith("openspiel:"):
-        from reinforge.envs.games.openspiel import OpenSpielGame
-
-        return OpenSpielGame(name.removeprefix("openspiel:"))
-    builtin = {"tic_tac_toe": TIC_TAC_TOE, "connect_four": CONNECT_FOUR}
-    if name not in builtin:
-        raise ConfigError(
-            f"game {name!r} is unknown; use one of {list(BUILTIN_GAMES)} or "
-            '"openspiel:GAME" for an OpenSpiel game (e.g. "openspiel:connect_four")'
-        )
-    return builtin[name]

@@ -36,7 +36,8 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from reinforge.envs.base import EnvState, StepResult
-from reinforge.envs.games.base import Game, Position, load_game
+from reinforge.envs.games.base import Game, Position
+from reinforge.envs.games.catalog import load_game
 from reinforge.envs.games.opponents import Opponent, make_opponent
 from reinforge.errors import ConfigError
 from reinforge.types import Message, Task

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from reinforge.envs.base import EnvState
-from reinforge.envs.games.base import load_game
+from reinforge.envs.games.catalog import load_game
 from reinforge.envs.games.env import GameEpisode, match_move, opening_prompt, parse_move, replay
 from reinforge.envs.games.opponents import best_moves, make_opponent
 from reinforge.errors import ConfigError

@@ -1,12 +1,10 @@
-"""Loading the policy and tokenizer, devices and dtypes, prompt rendering.
-
-`pad_batch` + `token_logprobs` are the plain path the trainer used before packing (`forward`):
-full [B, L, V] logits over right-padded rows. Tests keep them as the reference the packed path
-must reproduce."""
+"""Loading a model and its tokenizer for any command: `model.path` resolved to a loadable folder
+(building a built-in or shape model on first use, checking a local path), the device and dtype
+that `run.device` / `run.dtype` name, the tokenizer (with its chat template) and the HF model.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -105,63 +103,3 @@ def load_model(
         model.config.use_cache = False
     model.train()
     return model
-
-
-@dataclass
-class PaddedBatch:
-    """Right-padded sequences; `targets_BT[b, t]` is the token predicted at position t, and
-    `mask_BT` marks the targets that count in the loss."""
-
-    input_ids_BL: torch.Tensor  # [B, L]
-    attention_mask_BL: torch.Tensor  # [B, L]
-    targets_BT: torch.Tensor  # [B, L-1]
-    mask_BT: torch.Tensor  # [B, L-1] float
-
-
-def pad_batch(
-    prompts: list[list[int]], responses: list[list[int]], pad_id: int, device
-) -> PaddedBatch:
-    """Concatenate prompt and response ids; only response tokens are loss targets."""
-    seqs = [p + r for p, r in zip(prompts, responses)]
-    L = max(map(len, seqs))
-    ids = torch.full((len(seqs), L), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(seqs), L), dtype=torch.long)
-    mask = torch.zeros((len(seqs), L - 1))
-    for b, (p, r) in enumerate(zip(prompts, responses)):
-        n = len(p) + len(r)
-        ids[b, :n] = torch.tensor(p + r)
-        attn[b, :n] = 1
-        mask[b, len(p) - 1 : n - 1] = 1.0  # the target at t is token t+1
-    return PaddedBatch(ids.to(device), attn.to(device), ids[:, 1:].to(device), mask.to(device))
-
-
-def token_logprobs(
-    model, batch: PaddedBatch, temperature: float = 1.0, with_entropy: bool = False
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logprob of each target token (and the per-position entropy) under `model`, [B, L-1]."""
-    logits = model(
-        input_ids=batch.input_ids_BL, attention_mask=batch.attention_mask_BL, use_cache=False
-    ).logits
-    logits_BTV = logits[:, :-1].float()
-    if temperature > 0 and temperature != 1.0:
-        logits_BTV = logits_BTV / temperature
-    logprobs_BTV = torch.log_softmax(logits_BTV, dim=-1)
-    chosen_BT = logprobs_BTV.gather(-1, batch.targets_BT[..., None]).squeeze(-1)
-    entropy_BT = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy_BT = -(logprobs_BTV.exp() * logprobs_BTV).sum(-1)
-    return chosen_BT, entropy_BT
-
-
-def run_dir_of(cfg) -> Path:
-    return Path(cfg.run.output_dir) / cfg.run.name
-
-
-def device_memory_metrics(device: torch.device) -> dict[str, float]:
-    """Peak accelerator memory since the last call (GiB), then reset: one figure per step."""
-    if device.type != "cuda":
-        return {}
-    peak = torch.cuda.max_memory_allocated(device) / 2**30
-    torch.cuda.reset_peak_memory_stats(device)
-    return {"gpu_peak_gib": peak}
