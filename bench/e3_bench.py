@@ -37,12 +37,12 @@ sys.path.insert(0, str(HERE))
 from episodes_bench import TEMPLATE, ToolTurnsEnv, tasks_of  # noqa: E402
 
 from reinforge.engine.paged import PagedEngine  # noqa: E402
+from reinforge.models.loading import load_model, load_tokenizer, model_source  # noqa: E402
 from reinforge.rollout import episodes  # noqa: E402
 from reinforge.rollout.branching import Branching  # noqa: E402
 from reinforge.rollout.continuous import LoopStats, run_continuous  # noqa: E402
 from reinforge.rollout.delta import DeltaRenderer, environment_delta  # noqa: E402
 from reinforge.rollout.sampling import sampling_params  # noqa: E402
-from reinforge.train.common import load_model, load_tokenizer, model_source  # noqa: E402
 
 # barrier-full: the loop as it was (session 10): every env reply's delta from two renders of the
 # whole conversation; barrier: the same loop with the delta from a stand-in history

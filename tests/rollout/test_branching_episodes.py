@@ -9,11 +9,11 @@ from transformers import AutoTokenizer
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.paged import PagedEngine
 from reinforge.envs.base import EnvState, StepResult
+from reinforge.models.loading import load_model
 from reinforge.models.tiny import builtin_path
 from reinforge.rollout.branching import Branching
 from reinforge.rollout.continuous import LoopStats, run_continuous
 from reinforge.rollout.episodes import EpisodeLimits, run_episodes
-from reinforge.train.common import load_model
 from reinforge.types import Message, Task
 
 from ..engine.conftest import scramble
