@@ -28,6 +28,7 @@ LAYERS = [
         "reinforge.config_data",
         "reinforge.config_envs",
         "reinforge.config_load",
+        "reinforge.config_branching",
         "reinforge.config_resilience",
         "reinforge.config_rewards",
         "reinforge.config_tasks",

@@ -19,6 +19,7 @@ from pydantic import Field, model_validator
 
 from reinforge.config_algorithm import AlgorithmBase, AlgorithmSection, GRPOAlgorithm, preset_values
 from reinforge.config_base import MAX_SEED, Section
+from reinforge.config_branching import BranchingSection
 from reinforge.config_envs import is_env_task
 from reinforge.config_load import (
     apply_override,
@@ -176,6 +177,24 @@ class RolloutSection(Section):
     """Size of the paged engine's KV page pool in bytes. Unset: the memory planner chooses it
     (room for the whole step's rollout when it fits beside training; `--dry-run` shows it). Set:
     the planner plans around it, and refuses a value that does not fit."""
+    continuous_episodes: bool = False
+    """Multi-turn env tasks on the paged engine: each episode goes back to generation as soon as
+    its env step returns, while others still run theirs (no barrier per turn), and its reply is
+    appended to its sequence in the KV pool instead of the whole history prefilled again.
+    Greedy: the same ids as turn by turn; sampled: other draws (noise keyed per episode)."""
+    branching: BranchingSection = BranchingSection()
+    """Entropy-adaptive branching (ARPO): see [rollout.branching]."""
+
+    @model_validator(mode="after")
+    def _branching_fits_the_budget(self) -> RolloutSection:
+        b = self.branching
+        if b.enabled and b.initial_samples > self.samples_per_prompt:
+            raise ValueError(
+                f"rollout.branching.initial_samples={b.initial_samples} exceeds the budget "
+                f"rollout.samples_per_prompt={self.samples_per_prompt}; set initial_samples to "
+                f"at most {self.samples_per_prompt} (ARPO's toy run: 2 of 4)"
+            )
+        return self
 
 
 class OptimSection(Section):

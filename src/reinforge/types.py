@@ -84,6 +84,9 @@ class Trajectory:
     advantage: float = 0.0
     rewards: dict[str, float] = field(default_factory=dict)  # components of `reward` (env tasks)
     metrics: dict[str, float] = field(default_factory=dict)  # episode counters (env tasks)
+    # Branched episodes under hard attribution (rollout.branching): the leading completion tokens
+    # this trajectory shares with each member of its group, in group order (-1: itself)
+    shared_tokens: tuple[int, ...] = ()
 
     @property
     def num_completion_tokens(self) -> int:

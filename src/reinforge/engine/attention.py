@@ -63,28 +63,54 @@ def gather_pages(cache: torch.Tensor, block_tables_BP: torch.Tensor) -> torch.Te
 def prefill_sdpa(
     q_THD, k_TKD, v_TKD, k_cache, v_cache, meta: AttentionMetadata, scale: float
 ) -> torch.Tensor:
-    """Causal attention of each sequence's new tokens over its whole context."""
+    """Causal attention of each sequence's new tokens over its whole context: a sequence with
+    nothing cached attends to its fresh K/V alone; those with a cached prefix (a continued or
+    forked sequence) attend over their pages, all of them in one padded call."""
     out_THD = torch.empty_like(q_THD)
-    start = 0
+    starts = [0]
+    for num_q in meta.query_lens:
+        starts.append(starts[-1] + num_q)
+    cached = []
     for i, (num_q, num_ctx) in enumerate(zip(meta.query_lens, meta.context_lens_host)):
+        if num_ctx != num_q:
+            cached.append(i)
+            continue
+        start = starts[i]
         q = q_THD[start : start + num_q].transpose(0, 1)[None]  # [1, H, q, D]
-        if num_ctx == num_q:  # nothing cached before: the fresh K/V are the whole context
-            k = k_TKD[start : start + num_q].transpose(0, 1)[None]
-            v = v_TKD[start : start + num_q].transpose(0, 1)[None]
-            o = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=scale, enable_gqa=True
-            )
-        else:  # a cached prefix: query j sees keys up to num_ctx - num_q + j
-            k = gather_pages(k_cache, meta.block_tables[i : i + 1])[:, :, :num_ctx]
-            v = gather_pages(v_cache, meta.block_tables[i : i + 1])[:, :, :num_ctx]
-            q_pos = torch.arange(num_ctx - num_q, num_ctx, device=q.device)
-            mask = torch.arange(num_ctx, device=q.device)[None, :] <= q_pos[:, None]
-            o = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, scale=scale, enable_gqa=True
-            )
+        k = k_TKD[start : start + num_q].transpose(0, 1)[None]
+        v = v_TKD[start : start + num_q].transpose(0, 1)[None]
+        o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, enable_gqa=True)
         out_THD[start : start + num_q] = o[0].transpose(0, 1)
-        start += num_q
+    if cached:
+        _prefill_over_pages(q_THD, out_THD, k_cache, v_cache, meta, scale, cached, starts)
     return out_THD
+
+
+def _prefill_over_pages(q_THD, out_THD, k_cache, v_cache, meta, scale, rows, starts) -> None:
+    """Rows `rows` of the batch, whose K/V (cached prefix and this step's) are in the pool:
+    queries padded to the longest, keys to the longest context; query j of a row sees keys up
+    to its position (context - queries + j)."""
+    device = q_THD.device
+    num_qs = [meta.query_lens[i] for i in rows]
+    num_ctxs = [meta.context_lens_host[i] for i in rows]
+    max_q, max_ctx = max(num_qs), max(num_ctxs)
+    offsets_Q = torch.arange(max_q)
+    # [B, max_q] index of each row's query in the packed tokens, and which are real
+    index_BQ = torch.tensor([starts[i] for i in rows])[:, None] + offsets_Q[None, :]
+    real_BQ = offsets_Q[None, :] < torch.tensor(num_qs)[:, None]
+    index_BQ = torch.where(real_BQ, index_BQ, 0).to(device)
+    real_BQ = real_BQ.to(device)
+    tables = meta.block_tables[torch.tensor(rows, device=device)]
+    k = gather_pages(k_cache, tables)[:, :, :max_ctx]  # [B, K, L, D]
+    v = gather_pages(v_cache, tables)[:, :, :max_ctx]
+    q = q_THD[index_BQ].transpose(1, 2)  # [B, H, max_q, D]
+    first_BQ = torch.tensor([c - n for c, n in zip(num_ctxs, num_qs)], device=device)[:, None]
+    position_BQ = first_BQ + torch.arange(max_q, device=device)[None, :]
+    mask_BQL = torch.arange(max_ctx, device=device)[None, None, :] <= position_BQ[:, :, None]
+    o = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask_BQL[:, None], scale=scale, enable_gqa=True
+    )
+    out_THD[index_BQ[real_BQ]] = o.transpose(1, 2)[real_BQ]
 
 
 def decode_sdpa(q_BHD, k_cache, v_cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:

@@ -33,13 +33,45 @@ class BlockManager:
     def can_allocate(self, num_tokens: int) -> bool:
         return num_blocks_for(num_tokens, self.block_size) <= len(self.free_blocks)
 
-    def allocate(self, seq: Sequence) -> None:
-        """Fresh pages for all of `seq`'s tokens (its prefill writes them)."""
-        assert not seq.block_table, f"sequence {seq.seq_id} already holds pages"
-        assert self.can_allocate(seq.num_tokens)
-        seq.block_table = [
-            self._take() for _ in range(num_blocks_for(seq.num_tokens, self.block_size))
-        ]
+    def num_blocks_to_prefill(self, seq: Sequence) -> int:
+        """Pages a prefill of `seq`'s uncached tokens takes: those past its page table, and a
+        copy of each page it holds that the prefill writes into while others share it."""
+        first = seq.num_cached_tokens // self.block_size
+        copies = sum(self.ref_counts[b] > 1 for b in seq.block_table[first:])
+        return num_blocks_for(seq.num_tokens, self.block_size) - len(seq.block_table) + copies
+
+    def can_prefill(self, seq: Sequence) -> bool:
+        return self.num_blocks_to_prefill(seq) <= len(self.free_blocks)
+
+    def allocate(self, seq: Sequence) -> list[tuple[int, int]]:
+        """Pages for the tokens of `seq` its prefill writes (from `num_cached_tokens` on): fresh
+        ones past its table, and its own copy of any page in the written range that it shares
+        (a fork's boundary page). Returns the copies (source, destination) for the runner."""
+        assert self.can_prefill(seq)
+        first = seq.num_cached_tokens // self.block_size
+        copies = []
+        for index in range(first, len(seq.block_table)):
+            shared = seq.block_table[index]
+            if self.ref_counts[shared] > 1:
+                own = self._take()
+                self._release(shared)
+                seq.block_table[index] = own
+                copies.append((shared, own))
+        missing = num_blocks_for(seq.num_tokens, self.block_size) - len(seq.block_table)
+        seq.block_table += [self._take() for _ in range(missing)]
+        return copies
+
+    def share_prefix(self, parent: Sequence, child: Sequence, num_tokens: int) -> None:
+        """`child` (holding no pages) shares the pages of `parent`'s first `num_tokens` tokens,
+        whose K/V `parent` holds; the page they end in is copied when either writes to it."""
+        assert not child.block_table and num_tokens <= parent.num_cached_tokens
+        assert child.token_ids[:num_tokens] == parent.token_ids[:num_tokens]
+        pages = parent.block_table[: num_blocks_for(num_tokens, self.block_size)]
+        for block in pages:
+            assert self.ref_counts[block] >= 1
+            self.ref_counts[block] += 1
+        child.block_table = list(pages)
+        child.num_cached_tokens = num_tokens
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """`child` shares every page of `parent` (same tokens so far)."""

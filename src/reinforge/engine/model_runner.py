@@ -116,11 +116,16 @@ class LaunchedStep:
     host_ids: torch.Tensor
     host_logprobs: torch.Tensor
     event: torch.cuda.Event | None
+    entropies: torch.Tensor | None = None  # per sequence, on the device, when asked for
 
     def result(self) -> tuple[list[int], list[float]]:
         if self.event is not None:
             self.event.synchronize()
         return self.host_ids.tolist(), self.host_logprobs.tolist()
+
+    def entropy_values(self) -> list[float] | None:
+        """After `result`: the step's entropies (a small copy, the step already done)."""
+        return None if self.entropies is None else self.entropies.tolist()
 
 
 def uses_fused_sampler(params: SamplingParams) -> bool:
@@ -252,7 +257,22 @@ class ModelRunner:
         """Queue the step and its sampling on the device; returns before they run."""
         logits = self.run(batch, prev_ids)
         ids, logprobs = self.sample(batch, logits, params)
-        return LaunchedStep(batch, ids, *self._fetch(ids, logprobs))
+        step = LaunchedStep(batch, ids, *self._fetch(ids, logprobs))
+        if any(seq.num_output_tokens < seq.entropy_window for seq in batch.seqs):
+            step.entropies = self.entropy(batch, logits, params.temperature)
+        return step
+
+    @torch.inference_mode()
+    def entropy(self, batch: Batch, logits_GV: torch.Tensor, temperature: float) -> torch.Tensor:
+        """Entropy (nats) of the distribution each sequence samples from: the logits the sampler
+        reads, scaled by the temperature (1 when greedy), before top-p / top-k / min-p."""
+        sizes = [len(group) for group in batch.groups]
+        logprobs_GV = torch.log_softmax(logits_GV.float() / (temperature or 1.0), dim=-1)
+        entropy_G = -(logprobs_GV.exp() * logprobs_GV).sum(-1)
+        if any(size > 1 for size in sizes):
+            repeats = torch.tensor(sizes, device=entropy_G.device)
+            entropy_G = entropy_G.repeat_interleave(repeats, output_size=sum(sizes))
+        return entropy_G
 
     @torch.inference_mode()
     def run(self, batch: Batch, prev_ids: torch.Tensor | None = None) -> torch.Tensor:

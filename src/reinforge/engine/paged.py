@@ -169,7 +169,7 @@ class PagedEngine:
         start = time.perf_counter()
         token_ids, logprobs = step.result()  # waits for the device
         waited = time.perf_counter()
-        scheduler.commit(step.batch, token_ids, logprobs, finish_reason)
+        scheduler.commit(step.batch, token_ids, logprobs, finish_reason, step.entropy_values())
         timers.add(step.batch.is_prefill, "wait", waited - start)
         timers.add(step.batch.is_prefill, "commit", time.perf_counter() - waited)
 
@@ -202,7 +202,7 @@ class PagedEngine:
         if not params.ignore_eos and self.tokenizer.eos_token_id is not None:
             stop_ids.add(self.tokenizer.eos_token_id)
 
-        stop_strings, max_new_tokens = params.stop_strings, params.max_new_tokens
+        stop_strings = params.stop_strings
 
         def finish_reason(seq: Sequence) -> str | None:
             outputs = seq.output_ids
@@ -210,7 +210,7 @@ class PagedEngine:
                 stop_strings and self._hit_stop_string(seq, stop_strings)
             ):
                 return "stop"
-            if len(outputs) >= max_new_tokens:
+            if len(outputs) >= seq.params.max_new_tokens:  # a session's requests differ
                 return "length"
             return None
 

@@ -76,6 +76,7 @@ class Scheduler:
         leader = group[0]
         assert all(seq.token_ids == leader.token_ids for seq in group)
         assert all(seq.status is SequenceStatus.WAITING for seq in group)
+        assert len(group) == 1 or not leader.block_table, "a group's pages are forked at prefill"
         bm = self.block_manager
         # the last sampled token is never written to the pool
         max_kv_tokens = leader.num_prompt_tokens + leader.params.max_new_tokens - 1
@@ -168,12 +169,16 @@ class Scheduler:
         token_ids: list[int],
         logprobs: list[float],
         finish_reason: Callable[[Sequence], str | None],
+        entropies: list[float] | None = None,
     ) -> None:
         """The step's sampled tokens are known: fill them in, in order; `finish_reason` sees each
-        sequence up to its new token. Finished sequences give their pages back now, and drop the
-        token a step launched after this one computed for them."""
+        sequence up to its new token. Finished sequences give their pages back now (unless they
+        `keep_pages`), and drop the token a step launched after this one computed for them.
+        `entropies`: the sampler's entropy per sequence, when the step computed them."""
         seqs = batch.seqs
         assert len(seqs) == len(token_ids) == len(logprobs)
+        if entropies is not None:
+            _record_entropies(seqs, entropies)
         any_finished = False
         finished = SequenceStatus.FINISHED
         for seq, token_id, logprob in zip(seqs, token_ids, logprobs):
@@ -191,7 +196,8 @@ class Scheduler:
             if reason is not None:
                 seq.num_pending = 0
                 seq.status, seq.finish_reason = finished, reason
-                self.block_manager.free(seq)
+                if not seq.keep_pages:
+                    self.block_manager.free(seq)
                 any_finished = True
             elif ahead:
                 outputs.append(next_id)
@@ -201,31 +207,34 @@ class Scheduler:
 
     def _can_admit(self, group: list[Sequence]) -> bool:
         return len(self.running) + len(group) <= self.max_num_seqs and (
-            self.block_manager.can_allocate(group[0].num_tokens)
+            self.block_manager.can_prefill(group[0])
         )
 
     def _schedule_prefill(self) -> Batch | None:
         bm = self.block_manager
         groups: list[list[Sequence]] = []
+        copies: list[tuple[int, int]] = []
         num_tokens = num_seqs = 0
         while self.waiting:
             group = self.waiting[0]
             leader = group[0]
             is_first = not groups
-            if not is_first and num_tokens + leader.num_tokens > self.max_num_batched_tokens:
+            # a continued or forked sequence computes only the tokens past its cached prefix
+            num_new = leader.num_tokens - leader.num_cached_tokens
+            if not is_first and num_tokens + num_new > self.max_num_batched_tokens:
                 break  # the first group may exceed the budget alone, or it could never run
             if len(self.running) + num_seqs + len(group) > self.max_num_seqs:
                 break
-            if not bm.can_allocate(leader.num_tokens):
+            if not bm.can_prefill(leader):
                 break
             self.waiting.popleft()
-            bm.allocate(leader)
+            copies += bm.allocate(leader)
             for seq in group[1:]:
                 bm.fork(leader, seq)
             for seq in group:
                 seq.status = SequenceStatus.RUNNING
             groups.append(group)
-            num_tokens += leader.num_tokens
+            num_tokens += num_new
             num_seqs += len(group)
         if not groups:
             # an empty pool always fits the first waiting group (checked by `add`)
@@ -234,7 +243,7 @@ class Scheduler:
         self.running.extend(seq for group in groups for seq in group)
         self.num_prefill_steps += 1
         self.num_prefill_tokens += num_tokens
-        return Batch(is_prefill=True, groups=groups)
+        return Batch(is_prefill=True, groups=groups, block_copies=copies)
 
     def _schedule_decode(self) -> Batch:
         bm = self.block_manager
@@ -260,3 +269,14 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft([seq])
         self.num_preemptions += 1
+
+
+def _record_entropies(seqs: list[Sequence], entropies: list[float]) -> None:
+    """Each sequence's entropy at the position this step fills, within its window (a step
+    launched ahead may have appended one more pending token after it)."""
+    finished = SequenceStatus.FINISHED
+    for seq, entropy in zip(seqs, entropies):
+        position = len(seq.output_ids) - seq.num_pending
+        if seq.status is not finished and position < seq.entropy_window:
+            assert position == len(seq.entropies), "entropies are recorded in order"
+            seq.entropies.append(entropy)

@@ -37,6 +37,12 @@ class Sequence:
     finish_reason: str | None = None
     sample_seed: int = 0  # key of the on-device sampler's noise (see `triton_ops.sample_gumbel`)
     num_pending: int = 0  # trailing output tokens still `PENDING` (a step in flight)
+    # pages outlive the finish (a session continues or forks the sequence; it frees them)
+    keep_pages: bool = False
+    # the sampler's entropy of each of the first `entropy_window` output positions, read from the
+    # logits it samples from (no extra forward)
+    entropy_window: int = 0
+    entropies: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         assert self.prompt_ids, "an empty prompt has no position to sample from"

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from reinforge.data.chat import render_ids
 from reinforge.engine.base import Engine, SamplingParams
 from reinforge.envs.base import Env, EnvState, StepResult
+from reinforge.rollout.delta import DeltaRenderer, environment_delta  # noqa: F401 (public here)
 from reinforge.types import Completion, Message, Task
 
 
@@ -63,6 +64,10 @@ class Episode:
     is_done: bool = False
     turns: list[Completion] = field(default_factory=list)  # the engine's output of each turn
     error: str | None = None  # the env's exception, when it raised
+    delta: DeltaRenderer = field(default_factory=DeltaRenderer, repr=False)
+    # a branch (rollout.branching): (its parent's index in the group, the parent's completion
+    # tokens when it branched); (None, 0) for an episode sampled from the prompt
+    lineage: tuple[int | None, int] = (None, 0)
 
     @property
     def num_ids(self) -> int:
@@ -260,7 +265,7 @@ def _take_step(tokenizer, e: Episode, stepped, tools, turn: int) -> None:
         e.metrics["finish_done"] += 1
         return
     assistant = Message("assistant", completion.text)
-    found = environment_delta(
+    found, is_full = e.delta.delta(
         tokenizer,
         [*history, assistant],
         result.messages,
@@ -271,36 +276,11 @@ def _take_step(tokenizer, e: Episode, stepped, tools, turn: int) -> None:
     env_ids, is_prefix_preserving = found
     if not is_prefix_preserving:
         e.metrics["template_rerenders_history"] += 1
+    if is_full and e.delta.is_checked and not e.delta.is_exact:
+        e.metrics["delta_full_renders"] += 1
     e.completion_ids += env_ids
     e.loss_mask += [0] * len(env_ids)
     e.logprobs += [0.0] * len(env_ids)
-
-
-def environment_delta(
-    tokenizer,
-    conversation: list[Message],
-    env_messages: list[Message],
-    tools,
-    ended_with_stop: bool,
-) -> tuple[list[int], bool] | None:
-    """The ids that follow the model's last generated id when `env_messages` are appended, ending
-    with the next assistant turn's generation prompt, and whether the template re-rendered the
-    history identically (prefix-preserving). None when the end of the assistant turn cannot be
-    found in the new render (a template that does not close turns with the EOS id)."""
-    eos = tokenizer.eos_token_id
-    base = render(tokenizer, conversation, tools, add_generation_prompt=False)
-    nxt = render(tokenizer, conversation + list(env_messages), tools, add_generation_prompt=True)
-    # Every message the conversation holds is closed by one EOS id, in both renders: the
-    # assistant turn ends at the same-numbered EOS of the new render.
-    num_closed = sum(t == eos for t in base)
-    closes = [i for i, t in enumerate(nxt) if t == eos]
-    if eos is None or num_closed == 0 or len(closes) < num_closed:
-        return None
-    end = closes[num_closed - 1] + 1
-    is_prefix_preserving = nxt[:end] == base[: max(i for i, t in enumerate(base) if t == eos) + 1]
-    # A turn cut by the token budget never produced its end-of-turn id: close it for the model.
-    close = [] if ended_with_stop else [eos]
-    return close + nxt[end:], is_prefix_preserving
 
 
 def check_episode(tokenizer, episode: Episode, tools=None) -> int | None:

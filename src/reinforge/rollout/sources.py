@@ -37,6 +37,7 @@ from reinforge.distributed import full_weights, is_launched, is_main, link_group
 from reinforge.envs.agent_task import AgentTasks
 from reinforge.envs.env_tasks import EnvTasks, single_turn_tasks
 from reinforge.rollout.agents import play_agents
+from reinforge.rollout.branching import Branching
 from reinforge.rollout.sampling import rollout_sampling
 from reinforge.rollout.trajectories import play
 from reinforge.types import Group
@@ -126,6 +127,8 @@ def rollout_groups(
                 params,
                 errors,
                 cfg.rollout.env_workers,
+                continuous=cfg.rollout.continuous_episodes,
+                branching=Branching.of(cfg.rollout.branching),
             )
     num_calls = sum(len(g.trajectories) for g in groups)
     errors.check(num_calls, errors.num_failed - num_failed_before)

@@ -28,6 +28,8 @@ from reinforge.errors import RunFailure
 from reinforge.faults import RewardErrors
 from reinforge.metrics import read_metrics
 from reinforge.rollout.agents import play_agents
+from reinforge.rollout.branching import Branching, shared_lengths
+from reinforge.rollout.continuous import run_continuous
 from reinforge.rollout.episodes import Episode, EpisodeLimits, check_episode, run_episodes
 from reinforge.types import Completion, Group, Task, Trajectory
 
@@ -78,32 +80,58 @@ def play(
     params: SamplingParams,
     errors: RewardErrors | None = None,
     env_workers: int = 32,
+    continuous: bool = False,
+    branching: Branching | None = None,
 ) -> list[Group]:
     """`samples_per_task` episodes of each task as scored trajectories, one group per task
     (`params.max_new_tokens` is each turn's budget; a turn's env steps on `env_workers` threads).
     Reward components that fail are counted in `errors`; an env that raises fails its episode
-    (`env_errors`)."""
+    (`env_errors`). `continuous` (multi-turn, paged engine): episodes without a barrier per turn
+    (`rollout.continuous`); `branching`: ARPO's branching over them, `samples_per_task` the
+    budget per task. An agent task's episodes are the user's agent's (rollout/agents.py)."""
     if isinstance(env_tasks, AgentTasks):  # evaluation of an agent task: the agent plays
         return play_agents(engine, tokenizer, env_tasks, tasks, samples_per_task, params, errors)
     limits = episode_limits(env_tasks, params.max_new_tokens, engine)
     tools = tools_to_render(env_tasks)
-    episode_groups = run_episodes(
-        engine,
-        tokenizer,
-        env_tasks.env,
-        tasks,
-        samples_per_task,
-        params,
-        limits,
-        render_tools=tools is not None,
-        env_workers=1 if env_tasks.is_single_turn else env_workers,
-    )
+    args = (engine, tokenizer, env_tasks.env, tasks, samples_per_task, params, limits)
+    if branching is not None or (continuous and runs_continuous(engine, env_tasks)):
+        check_branching(engine, env_tasks)
+        episode_groups = run_continuous(*args, tools is not None, env_workers, branching=branching)
+    else:
+        episode_groups = run_episodes(
+            *args,
+            render_tools=tools is not None,
+            env_workers=1 if env_tasks.is_single_turn else env_workers,
+        )
     check_env_errors(env_tasks.name, [e for g in episode_groups for e in g])
     errors = errors if errors is not None else RewardErrors()
-    return [
+    groups = [
         Group(task, [to_trajectory(tokenizer, env_tasks, e, tools, errors) for e in episodes])
         for task, episodes in zip(tasks, episode_groups)
     ]
+    if branching is not None and branching.attribution == "hard":
+        for group, episodes in zip(groups, episode_groups):
+            if all(e.lineage[0] is None for e in episodes):
+                continue  # no branch: nothing shared past the prompt
+            shared = shared_lengths([e.lineage for e in episodes])
+            for traj, row in zip(group.trajectories, shared):
+                traj.shared_tokens = tuple(row)
+    return groups
+
+
+def runs_continuous(engine, env_tasks: EnvTasks) -> bool:
+    """Multi-turn tasks on the paged engine's own forward run without a barrier per turn."""
+    return not env_tasks.is_single_turn and getattr(engine, "fallback", True) is None
+
+
+def check_branching(engine, env_tasks: EnvTasks) -> None:
+    if not runs_continuous(engine, env_tasks):
+        what = "a single-turn task" if env_tasks.is_single_turn else "an engine without forks"
+        raise ValueError(
+            f"rollout.branching.enabled=true needs a multi-turn env task on the paged engine "
+            f'(rollout.engine = "paged", a Qwen2/2.5, Qwen3 or Llama model); task '
+            f"{env_tasks.name!r} runs on {what}. Set rollout.branching.enabled=false"
+        )
 
 
 _said_env_error = False

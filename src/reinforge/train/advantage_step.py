@@ -33,6 +33,7 @@ from reinforge.algorithms.losses import PolicyLossSettings
 from reinforge.algorithms.presets import ADVANTAGES, POLICY_LOSSES
 from reinforge.config import AlgorithmSection
 from reinforge.distributed import gather_rows, rank, sum_over_ranks, world_size
+from reinforge.rollout.branching import shared_token_advantages
 from reinforge.types import Group, Trajectory
 
 
@@ -255,8 +256,12 @@ def assign_advantages(
     """Shape the rewards, run the estimator, and give each trajectory its (mean) advantage."""
     rewards_B, metrics = shaped_rewards(batch, algorithm.section, max_new_tokens)
     algorithm.estimator(rewards_B, batch)
+    assert batch.advantages is not None
+    # branches' shared tokens: the mean of their advantages (rollout.branching, hard)
+    batch.advantages = shared_token_advantages(
+        batch.advantages, batch.trajs, batch.mask_BT.shape[1]
+    )
     advantages = batch.advantages
-    assert advantages is not None
     if advantages.dim() == 2:  # per token: report each sequence's mean
         per_seq_B = (advantages * batch.mask_BT).sum(-1) / batch.mask_BT.sum(-1).clamp(min=1.0)
     else:
