@@ -57,7 +57,7 @@ TRAIN = {
     ],
     "packing": ["packing", "packing_plan", "packed_attention", "forward", "logprobs"],
     "planner": ["planner", "planner_rows", "planner_sizes", "memory", "lengths"],
-    "policy": ["policy_model", "lora", "value", "optim"],
+    "policy": ["policy_model", "lora", "value", "optim", "moe"],
     "sft": ["sft", "demos"],
 }
 TRAIN_PREFIXES = ("planner", "packing", "sft")
