@@ -136,3 +136,20 @@ def _fork_server():
 def pytest_sessionfinish(session, exitstatus):
     if _SERVER is not None and _SERVER.proc.poll() is None:
         _SERVER.close()
+
+
+# A tiny mixture-of-experts shape (8 experts of width 32, 2 routed per token) for the MoE tests;
+# with transformers' Qwen3MoeConfig / Qwen2MoeConfig and random weights.
+TINY_MOE = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_experts=8,
+    num_experts_per_tok=2,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+)

@@ -19,6 +19,7 @@ from reinforge.errors import ConfigError
 from reinforge.train.lora import apply_lora
 from reinforge.train.moe import begin_micro_batch, install_grouped_moe, router_aux_loss
 
+from ..conftest import TINY_MOE
 from .conftest import hf_greedy, hf_logprobs, scramble
 
 PROMPTS = [[5, 6, 7], list(range(10, 18)), list(range(20, 37))]
@@ -27,17 +28,7 @@ FAMILIES = ("qwen3_moe", "qwen2_moe")
 
 def tiny_moe(family: str, tokenizer, seed: int = 0):
     common = dict(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=96,
-        moe_intermediate_size=32,
-        num_experts=8,
-        num_experts_per_tok=2,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
+        **TINY_MOE,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,

@@ -13,24 +13,14 @@ from reinforge.errors import ExitCode
 from reinforge.export import export
 from reinforge.models.tiny import build_builtin
 
-from ..conftest import TINY_RUN, cli
+from ..conftest import TINY_MOE, TINY_RUN, cli
 
 
 def save_tiny_moe(path):
     build_builtin("micro", 0, path / "micro")
     tokenizer = AutoTokenizer.from_pretrained(path / "micro")
     config = Qwen3MoeConfig(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=96,
-        moe_intermediate_size=32,
-        num_experts=8,
-        num_experts_per_tok=2,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
+        **TINY_MOE,
         router_aux_loss_coef=0.01,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -85,16 +75,7 @@ def test_planner_counts_every_expert_and_the_active_width():
     big = ModelShape.from_hf_config(shape)
     assert round(big.num_params / 1e9, 1) == 30.5 and round(big.num_active_params / 1e9, 1) == 3.4
     config = Qwen3MoeConfig(
-        vocab_size=320,
-        hidden_size=64,
-        intermediate_size=96,
-        moe_intermediate_size=32,
-        num_experts=8,
-        num_experts_per_tok=2,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
+        **TINY_MOE,
     )
     model = Qwen3MoeForCausalLM(config)
     tiny = ModelShape.from_hf_config(config.to_dict(), dtype_bytes=4)

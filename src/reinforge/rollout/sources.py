@@ -106,26 +106,12 @@ def rollout_groups(
     params = rollout_sampling(cfg.rollout, policy.tokenizer, seed, first_prompt_index)
     num_failed_before = errors.num_failed
     with faults.site("generation"), full_weights(policy.model):
+        args = (policy.engine, policy.tokenizer, tasks, batch_tasks, params.n, params, errors)
         if isinstance(tasks, AgentTasks):  # the user's agent plays (rollout/agents.py)
-            groups = play_agents(
-                policy.engine,
-                policy.tokenizer,
-                tasks,
-                batch_tasks,
-                params.n,
-                params,
-                errors,
-                cfg.rollout.max_concurrent_agents,
-            )
+            groups = play_agents(*args, cfg.rollout.max_concurrent_agents)
         else:
             groups = play(
-                policy.engine,
-                policy.tokenizer,
-                tasks,
-                batch_tasks,
-                params.n,
-                params,
-                errors,
+                *args,
                 cfg.rollout.env_workers,
                 continuous=cfg.rollout.continuous_episodes,
                 branching=Branching.of(cfg.rollout.branching),
