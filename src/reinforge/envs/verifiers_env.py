@@ -58,6 +58,7 @@ class VerifiersEnv:
 
         self.vf, self.vf_env, self.parse = vf, vf_env, get_parser(parser)
         self.loop = EventLoopThread()
+        self.client = _no_client()
         self.reward_components = tuple(dict.fromkeys(vf_env.rubric._get_reward_func_names()))
         tools = vf_env.tool_defs or []
         self.tool_schemas = [_openai_schema(t) for t in tools] if tools else None
@@ -78,7 +79,7 @@ class VerifiersEnv:
 
     async def _start(self, vf_input: dict):
         env = self.vf_env
-        vf_state = await env.init_state(vf_input, _NoClient(), "reinforge")
+        vf_state = await env.init_state(vf_input, self.client, "reinforge")
         vf_state = (await env.setup_state(vf_state)) or vf_state
         vf_state["vf_prompt"] = await env.get_prompt_messages(vf_state)
         return vf_state
@@ -139,12 +140,28 @@ class VerifiersEnv:
         return {**rewards, "reward": float(vf_state.get("reward") or 0.0)}
 
 
-class _NoClient:
-    """The model client a verifiers state holds; reinforge samples the turns itself, so the
-    environment asking it for a response is a bug of this adapter."""
+def _no_client():
+    """The model client a verifiers state must hold. reinforge samples the turns itself, so a
+    call to it (an environment asking for a response on its own) is refused."""
+    from verifiers.clients import Client
 
-    async def get_response(self, *args, **kwargs):
-        raise AssertionError("reinforge samples the turns; the verifiers client is never called")
+    class SampledByReinforge(Client):
+        def setup_client(self, config):
+            return None
+
+        async def _refuse(self, *args, **kwargs):
+            raise NotImplementedError(
+                "this verifiers environment asks its client for a response inside a turn; "
+                "reinforge samples the turns itself, so it cannot be played (docs/libraries.md)"
+            )
+
+        to_native_tool = to_native_prompt = get_native_response = _refuse
+        raise_from_native_response = from_native_response = _refuse
+
+        async def close(self):
+            return None
+
+    return SampledByReinforge(None)
 
 
 def _message(m) -> Message:
