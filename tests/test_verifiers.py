@@ -88,6 +88,7 @@ def test_trains_through_the_cli(tmp_path):
     cfg = tmp_path / "vf.toml"
     cfg.write_text(
         f'[task]\nname = "verifiers"\nenv = "{HERE}:load_guess"\nnum_eval = 4\nmax_context = 200\n'
+        'rewards = [{name = "env"}, {name = "num_turns", weight = 0.0}]\n'
     )
     result = cli(
         "train",
