@@ -106,3 +106,21 @@ def test_trains_through_the_cli(tmp_path):
     steps = [r for r in rows if "reward_mean" in r]
     assert len(steps) == 2  # the rubric's functions are components, logged each step
     assert all(1 <= r["reward_num_turns"] <= 4 and "reward_env" in r for r in steps), steps[-1]
+
+
+def test_the_libraries_own_reasoning_gym_env():
+    """verifiers ships ReasoningGymEnv (a SingleTurnEnv whose rubric calls reasoning-gym's
+    score_answer on the <answer> field): played and scored through reinforge unchanged."""
+    pytest.importorskip("reasoning_gym", reason="reasoning-gym (the `reasoning` extra) missing")
+    args = {"gym": "chain_sum", "num_train_examples": 12, "num_eval_examples": 4}
+    tasks = ENV_TASKS["verifiers"](
+        VerifiersTaskConfig(env="verifiers:ReasoningGymEnv", env_args=args)
+    )
+    assert len(tasks.eval_tasks()) == 4
+    task = tasks.train_task(0)
+    assert task.messages[0].role == "system" and "<answer>" in task.messages[0].content
+    rg_index = int(task.info["vf_input"]["answer"])  # the env keeps the item's index as answer
+    gold = tasks.env.vf_env.rg_dataset[rg_index]["answer"]
+    _, right = play(tasks, task, [f"<answer>{gold}</answer>"])
+    _, wrong = play(tasks, task, ["<answer>no</answer>"])
+    assert right.rewards["reward"] == 1.0 and wrong.rewards["reward"] == 0.0
