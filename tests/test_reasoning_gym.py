@@ -85,6 +85,12 @@ def test_config_mistakes_are_refused_with_the_fix():
         ReasoningGymTasks(config(dataset_config={"chain_sum": {"terms": 2}}))
     with pytest.raises(ConfigError, match="max_terms must be >= min_terms"):
         ReasoningGymTasks(config(dataset_config={"chain_sum": {"min_terms": 5, "max_terms": 2}}))
+    with pytest.raises(ConfigError, match=r"could not generate an item.*weights"):
+        # two operators but the three default operators_weights: the generator fails
+        operators = {"operators": ["+", "-"]}
+        ReasoningGymTasks(
+            config(datasets={"simple_equations": 1}, dataset_config={"simple_equations": operators})
+        )
     with pytest.raises(ConfigError, match="seed"):  # reinforge's task.seed, not the library's
         ReasoningGymTasks(config(dataset_config={"chain_sum": {"seed": 3}}))
     # a space smaller than the held-out split fails when built, not mid-run

@@ -120,7 +120,7 @@ class ReasoningGymTaskConfig(ScoredTask):
     @model_validator(mode="after")
     def _datasets_and_extraction(self) -> ReasoningGymTaskConfig:
         if not self.datasets:
-            raise ValueError('task.datasets is empty; name at least one, e.g. {chain_sum = 1.0}')
+            raise ValueError("task.datasets is empty; name at least one, e.g. {chain_sum = 1.0}")
         bad = {n: w for n, w in self.datasets.items() if not w > 0}
         if bad:
             raise ValueError(f"task.datasets weights must be above 0, got {bad}; e.g. 1.0")
@@ -132,7 +132,7 @@ class ReasoningGymTaskConfig(ScoredTask):
             )
         if (self.extract == "regex") != (self.answer_regex is not None):
             raise ValueError(
-                f"task.answer_regex={self.answer_regex!r} goes with task.extract = \"regex\" "
+                f'task.answer_regex={self.answer_regex!r} goes with task.extract = "regex" '
                 f"(got {self.extract!r}); set both, e.g. answer_regex = 'answer is (-?\\d+)'"
             )
         if self.answer_regex is not None:

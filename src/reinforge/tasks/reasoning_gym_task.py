@@ -53,9 +53,17 @@ class ReasoningGymTasks(ProceduralTasks):
         self.names = list(cfg.datasets)
         self.weights = [cfg.datasets[n] for n in self.names]
         self.pattern = re.compile(cfg.answer_regex) if cfg.answer_regex else None
-        super().__init__(cfg)
-        for index in range(NUM_EARLY_DRAWS):
-            self.train_task(index)
+        try:  # the held-out items and a few training draws: a setting the generator chokes on
+            super().__init__(cfg)  # fails here, before any model loads
+            for index in range(NUM_EARLY_DRAWS):
+                self.train_task(index)
+        except (ArithmeticError, LookupError, TypeError, ValueError) as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(
+                f"reasoning-gym could not generate an item of task.datasets={cfg.datasets} with "
+                f"task.dataset_config={cfg.dataset_config}: {type(e).__name__}: {e}"
+            ) from None
 
     def _make(self, rng: random.Random, task_id: str) -> Task:
         # the dataset by the task's own draw, so that redrawing a held-out question (a new rng
