@@ -170,7 +170,8 @@ def launch(
 ) -> subprocess.Popen:
     name = f"{dataset}-seed{seed}"
     cmd = [sys.executable, "-m", "reinforge.cli", "train", CONFIG]
-    cmd += [f"task.path=bench/learning_tasks.py:{dataset}", f"run.name={name}"]
+    cmd += [f"task.datasets={{{dataset} = 1.0}}", f"task.dataset_config={dataset_config(dataset)}"]
+    cmd += [f"run.name={name}"]
     cmd += [f"run.output_dir={out / 'runs' / preset}", f"run.seed={seed}", f"task.seed={seed}"]
     cmd += overrides
     (out / "logs" / preset).mkdir(parents=True, exist_ok=True)
@@ -178,6 +179,12 @@ def launch(
     log.write(" ".join(cmd) + "\n")
     log.flush()
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def dataset_config(dataset: str) -> str:
+    """The dataset's settings (learning_tasks.DATASETS) as a TOML inline table for an override."""
+    settings = ", ".join(f"{k} = {json.dumps(v)}" for k, v in DATASETS[dataset].items())
+    return f"{{{dataset} = {{{settings}}}}}"
 
 
 def run_result(run_dir: Path) -> dict | None:

@@ -381,6 +381,27 @@ class AgentTaskConfig(EnvTaskConfig, DatasetRowsSection):
         return self
 
 
+class VerifiersTaskConfig(EnvTaskConfig):
+    name: Literal["verifiers"] = "verifiers"
+    """An environment of the `verifiers` library (the `verifiers` extra, 0.3.1; its v0 classes,
+    `verifiers.legacy`): its dataset's rows, its turns (`env_response`, its stop conditions) and
+    its rubric's score, played as episodes of reinforge's rollout (docs/libraries.md)."""
+    env: str = Field(min_length=1)
+    """The environment: an installed environment's id or module ("vf-gsm8k", "my_env", which
+    `verifiers.load_environment` imports and calls), or "path/to/file.py" or
+    "path/to/file.py:function" / "module:function" for a function returning the environment."""
+    env_args: dict[str, Any] = {}
+    """Keyword arguments of the environment's `load_environment` (or of the function)."""
+    num_eval: int = Field(100, ge=1, le=100_000)
+    """Held-out rows: the first of the environment's eval dataset (seeded order), or, when it
+    has none, rows drawn from its dataset and never trained on."""
+    seed: int = Field(0, ge=0)
+    """Seed of the held-out draw and of the training order."""
+    parser: ParserName = "hermes"
+    """The model's tool-call format, for environments with tools (ToolEnv): the calls found in
+    an assistant turn are handed to the environment as its tool calls."""
+
+
 ENV_TASK_CONFIGS = (
     ToolArithmeticTaskConfig,
     HtmlTaskConfig,
@@ -389,6 +410,7 @@ ENV_TASK_CONFIGS = (
     ToolsTaskConfig,
     UserEnvTaskConfig,
     AgentTaskConfig,
+    VerifiersTaskConfig,
 )
 
 

@@ -7,7 +7,8 @@ their own modules; this one joins them into the union the roots in config.py hol
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -20,6 +21,7 @@ from reinforge.config_envs import (
     ToolArithmeticTaskConfig,
     ToolsTaskConfig,
     UserEnvTaskConfig,
+    VerifiersTaskConfig,
 )
 from reinforge.config_rewards import ScoredTask
 
@@ -85,10 +87,68 @@ class RandomTokensTaskConfig(ScoredTask):
     """Seed of the prompt generator (independent of `run.seed`)."""
 
 
+class ReasoningGymTaskConfig(ScoredTask):
+    name: Literal["reasoning_gym"] = "reasoning_gym"
+    """reasoning-gym's procedural datasets (the `reasoning` extra), each item scored by the
+    library's own `score_answer` on the answer extracted from the completion."""
+    datasets: dict[str, float]
+    """Dataset names with their sampling weights, e.g. {chain_sum = 1.0, gcd = 0.5}: every
+    training task and held-out task draws its dataset by weight. Any name of
+    `reasoning_gym.factory.DATASETS`; a misspelt one is refused with the closest names."""
+    dataset_config: dict[str, dict[str, Any]] = {}
+    """Per-dataset settings of the library's config class, e.g. {chain_sum = {min_terms = 2,
+    max_terms = 2, max_digits = 1}}; an unknown key is refused with the class's fields. `seed`
+    and `size` are reinforge's (task.seed), not settable here."""
+    extract: Literal["whole", "last_line", "answer_tag", "regex"] = "answer_tag"
+    """Which part of the completion is the answer scored: "whole" (the text, stripped),
+    "last_line" (its last non-empty line), "answer_tag" (inside the last <answer>...</answer>,
+    as reasoning-gym's own prompts ask) or "regex" (answer_regex's last match). A completion
+    without one scores 0. SFT solutions are written in the same form."""
+    answer_regex: str | None = None
+    """With extract = "regex": the pattern; its first group (or the whole match) of the last
+    match is the answer, e.g. 'answer is (-?\\d+)' (a TOML literal string keeps the backslash)."""
+    system_prompt: str = (
+        "Answer with the final answer alone inside <answer></answer>, e.g. <answer>42</answer>."
+    )
+    """The system message before each question; "" for none (the question alone). Write one
+    that asks for the form task.extract takes."""
+    num_eval: int = Field(200, ge=1, le=100_000)
+    """Held-out tasks scored before and after training; no training task has the question of a
+    held-out one."""
+    seed: int = Field(1234, ge=0)
+    """Seed of the task draws (independent of `run.seed`)."""
+
+    @model_validator(mode="after")
+    def _datasets_and_extraction(self) -> ReasoningGymTaskConfig:
+        if not self.datasets:
+            raise ValueError("task.datasets is empty; name at least one, e.g. {chain_sum = 1.0}")
+        bad = {n: w for n, w in self.datasets.items() if not w > 0}
+        if bad:
+            raise ValueError(f"task.datasets weights must be above 0, got {bad}; e.g. 1.0")
+        stray = sorted(set(self.dataset_config) - set(self.datasets))
+        if stray:
+            raise ValueError(
+                f"task.dataset_config names {stray}, which task.datasets does not list "
+                f"({sorted(self.datasets)}); add them to task.datasets or remove their settings"
+            )
+        if (self.extract == "regex") != (self.answer_regex is not None):
+            raise ValueError(
+                f'task.answer_regex={self.answer_regex!r} goes with task.extract = "regex" '
+                f"(got {self.extract!r}); set both, e.g. answer_regex = 'answer is (-?\\d+)'"
+            )
+        if self.answer_regex is not None:
+            try:
+                re.compile(self.answer_regex)
+            except re.error as e:
+                raise ValueError(f"task.answer_regex={self.answer_regex!r}: {e}") from None
+        return self
+
+
 TaskConfig = Annotated[
     ArithmeticTaskConfig
     | CountdownTaskConfig
     | RandomTokensTaskConfig
+    | ReasoningGymTaskConfig
     | DatasetTaskConfig
     | ToolArithmeticTaskConfig
     | HtmlTaskConfig
@@ -96,6 +156,7 @@ TaskConfig = Annotated[
     | GameTaskConfig
     | ToolsTaskConfig
     | UserEnvTaskConfig
-    | AgentTaskConfig,
+    | AgentTaskConfig
+    | VerifiersTaskConfig,
     Field(discriminator="name"),
 ]

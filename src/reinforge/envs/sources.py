@@ -102,6 +102,12 @@ def build_user_env(cfg) -> EnvTasks:
     return build(cfg)
 
 
+def build_verifiers(cfg) -> EnvTasks:
+    from reinforge.envs.verifiers_env import build_verifiers as build
+
+    return build(cfg)
+
+
 ENV_TASKS: dict[str, Callable[[Any], EnvTasks]] = {
     "tool_arithmetic": build_tool_arithmetic,
     "html": build_html,
@@ -110,4 +116,5 @@ ENV_TASKS: dict[str, Callable[[Any], EnvTasks]] = {
     "env": build_user_env,
     "tools": build_tools_task,
     "agent": build_agent,
+    "verifiers": build_verifiers,
 }

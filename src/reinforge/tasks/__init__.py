@@ -54,11 +54,13 @@ def build_task_source(
     from reinforge.tasks.arithmetic import ArithmeticTasks
     from reinforge.tasks.countdown import CountdownTasks
     from reinforge.tasks.random_tokens import RandomTokensTasks
+    from reinforge.tasks.reasoning_gym_task import ReasoningGymTasks
 
     sources = {
         "arithmetic": ArithmeticTasks,
         "countdown": CountdownTasks,
         "random_tokens": RandomTokensTasks,
+        "reasoning_gym": ReasoningGymTasks,
         **ENV_TASKS,  # played as multi-turn episodes (envs/sources.py)
     }
     return sources[cfg.name](cfg)

@@ -1,0 +1,138 @@
+"""`[task] name = "reasoning_gym"`: reasoning-gym's procedural datasets as a generated task.
+
+Every task draws a dataset by weight and one of its items by a random index, both from
+(task.seed, the task's index); reasoning-gym builds an item from (seed + index) alone, so nothing
+is stored or downloaded. The held-out tasks come from their own stream, and a training draw whose
+question is a held-out one is drawn again (`ProceduralTasks`). An item is scored by its dataset's
+own `score_answer` on the answer `task.extract` takes from the completion; a `score_answer` that
+raises is the scorer's to count (`reward_errors`), as for any reward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import random
+import re
+
+from reinforge.errors import ConfigError
+from reinforge.tasks.procedural import ProceduralTasks
+from reinforge.types import Message, Task
+
+MAX_ITEM_INDEX = 2**48  # reasoning-gym seeds an item's generator with (seed + index)
+NUM_EARLY_DRAWS = 16  # training draws made at build time: a held-out split that covers a
+# dataset's whole problem space fails then, not mid-run
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+def extract_answer(completion: str, how: str, pattern: re.Pattern | None = None) -> str | None:
+    """The answer `how` (task.extract) takes from `completion`, or None when there is none."""
+    if how == "whole":
+        return completion.strip() or None
+    if how == "last_line":
+        lines = [line.strip() for line in completion.splitlines() if line.strip()]
+        return lines[-1] if lines else None
+    found = _ANSWER_TAG.findall(completion) if how == "answer_tag" else None
+    if how == "regex":
+        assert pattern is not None
+        matches = list(pattern.finditer(completion))
+        found = [m.group(1) if m.groups() else m.group(0) for m in matches]
+    return found[-1].strip() if found else None
+
+
+def format_answer(answer: str, how: str) -> str:
+    """A gold answer written the way `how` extracts it (the SFT solution)."""
+    return f"<answer>{answer}</answer>" if how == "answer_tag" else answer
+
+
+class ReasoningGymTasks(ProceduralTasks):
+    name = "reasoning_gym"
+
+    def __init__(self, cfg):
+        self.datasets = {name: _create(name, cfg) for name in cfg.datasets}
+        self.names = list(cfg.datasets)
+        self.weights = [cfg.datasets[n] for n in self.names]
+        self.pattern = re.compile(cfg.answer_regex) if cfg.answer_regex else None
+        try:  # the held-out items and a few training draws: a setting the generator chokes on
+            super().__init__(cfg)  # fails here, before any model loads
+            for index in range(NUM_EARLY_DRAWS):
+                self.train_task(index)
+        except (ArithmeticError, LookupError, TypeError, ValueError) as e:
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(
+                f"reasoning-gym could not generate an item of task.datasets={cfg.datasets} with "
+                f"task.dataset_config={cfg.dataset_config}: {type(e).__name__}: {e}"
+            ) from None
+
+    def _make(self, rng: random.Random, task_id: str) -> Task:
+        # the dataset by the task's own draw, so that redrawing a held-out question (a new rng
+        # per attempt) keeps the dataset and the weights hold
+        pick = random.Random(f"{self.cfg.seed}/{task_id}/dataset")
+        name = pick.choices(self.names, self.weights)[0]
+        entry = self.datasets[name][rng.randrange(MAX_ITEM_INDEX)]
+        answer = str(entry["answer"])
+        messages = (Message("user", entry["question"]),)
+        if self.cfg.system_prompt:
+            messages = (Message("system", self.cfg.system_prompt), *messages)
+        return Task(
+            id=task_id,
+            messages=messages,
+            answer=answer,
+            solution=format_answer(answer, self.cfg.extract),
+            info={"key": f"{name}/{entry['question']}", "data_source": name, "entry": entry},
+        )
+
+    def train_task(self, index: int) -> Task:
+        try:
+            return super().train_task(index)
+        except AssertionError:
+            raise ConfigError(
+                f"task.num_eval={self.cfg.num_eval} held-out questions cover every question the "
+                f"training draws of task {index} found (task.datasets={self.cfg.datasets}); lower "
+                f"task.num_eval or widen the datasets' task.dataset_config"
+            ) from None
+
+    def reward(self, completion: str, task: Task) -> float:
+        """The dataset's own `score_answer` (0 to 1) on the extracted answer."""
+        answer = extract_answer(completion, self.cfg.extract, self.pattern)
+        if answer is None:
+            return 0.0
+        dataset = self.datasets[task.info["data_source"]]
+        return float(dataset.score_answer(answer, task.info["entry"]))
+
+
+def _create(name: str, cfg):
+    """reasoning-gym's dataset `name` with its task.dataset_config, or a ConfigError naming the
+    fix: a missing extra, an unknown name (with the closest), an unknown or invalid setting."""
+    try:
+        from reasoning_gym.factory import DATASETS
+    except ImportError:
+        raise ConfigError(
+            'task.name = "reasoning_gym" needs reasoning-gym: pip install "reinforge[reasoning]"'
+        ) from None
+    if name not in DATASETS:
+        close = difflib.get_close_matches(name, list(DATASETS), n=5, cutoff=0.5)
+        hint = f"close names: {close}" if close else f"e.g. {sorted(DATASETS)[:8]}"
+        raise ConfigError(
+            f"task.datasets: {name!r} is not a reasoning-gym dataset; {hint} "
+            f"(all {len(DATASETS)}: reasoning_gym.factory.DATASETS)"
+        )
+    dataset_cls, config_cls = DATASETS[name]
+    settings = dict(cfg.dataset_config.get(name, {}))
+    fields = [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
+    unknown = sorted(set(settings) - set(fields))
+    if unknown:
+        raise ConfigError(
+            f"task.dataset_config.{name}: {unknown} are not settings of {config_cls.__name__}; "
+            f"its settings: {fields}"
+        )
+    try:
+        config = config_cls(**settings, seed=cfg.seed, size=MAX_ITEM_INDEX)
+        if hasattr(config, "validate"):
+            config.validate()
+    except (AssertionError, ValueError, TypeError) as e:
+        raise ConfigError(
+            f"task.dataset_config.{name}={settings}: {e or type(e).__name__}"
+        ) from None
+    return dataset_cls(config=config)

@@ -1,0 +1,150 @@
+"""`[task] name = "reasoning_gym"`: the library's datasets and its own `score_answer`, the
+answer extraction, the held-out split, the config's refusals, and a training run through the CLI.
+Skipped when reasoning-gym (the `reasoning` extra) is not installed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reinforge.config_tasks import ReasoningGymTaskConfig
+from reinforge.envs.env_tasks import single_turn_tasks
+from reinforge.errors import ConfigError
+from reinforge.faults import RewardErrors
+
+pytest.importorskip("reasoning_gym", reason="reasoning-gym (the `reasoning` extra) not installed")
+
+from reinforge.tasks import build_task_source
+from reinforge.tasks.reasoning_gym_task import ReasoningGymTasks, extract_answer
+
+from .conftest import TINY_RUN, cli
+
+EASY = {
+    "chain_sum": {"min_terms": 2, "max_terms": 2, "max_digits": 1},
+    "spell_backward": {"min_word_len": 3, "max_word_len": 4},
+}
+
+
+def config(**kw) -> ReasoningGymTaskConfig:
+    kw.setdefault("datasets", {"chain_sum": 1.0, "spell_backward": 1.0})
+    kw.setdefault("dataset_config", EASY)
+    return ReasoningGymTaskConfig(**kw)
+
+
+def test_tasks_mix_datasets_by_weight_and_gold_answers_score_one():
+    tasks = build_task_source(config(datasets={"chain_sum": 3.0, "spell_backward": 1.0}))
+    assert isinstance(tasks, ReasoningGymTasks)
+    train = [tasks.train_task(i) for i in range(200)]
+    share = sum(t.info["data_source"] == "chain_sum" for t in train) / len(train)
+    assert 0.65 < share < 0.85, share
+    for t in train[:20]:
+        assert t.messages[0].role == "system" and "<answer>" in t.messages[0].content
+        assert t.solution == f"<answer>{t.answer}</answer>"
+        assert tasks.reward(t.solution, t) == 1.0
+        assert (
+            tasks.reward(f"Thinking... <answer>x</answer> so <answer>{t.answer}</answer>", t) == 1
+        )
+        assert tasks.reward(t.answer, t) == 0.0  # no tag: nothing extracted
+    wrong = next(t for t in train if t.info["data_source"] == "chain_sum")
+    assert tasks.reward(f"<answer>{int(wrong.answer) + 1}</answer>", wrong) == 0.0
+
+
+def test_extraction_modes():
+    text = "Let me think.\n7 + 5 = 12\nanswer is 12\n\n"
+    assert extract_answer(text, "whole") == text.strip()
+    assert extract_answer(text, "last_line") == "answer is 12"
+    assert extract_answer("<answer> 3 </answer> then <answer>4</answer>", "answer_tag") == "4"
+    assert extract_answer("no tag", "answer_tag") is None and extract_answer(" ", "whole") is None
+    import re
+
+    assert extract_answer(text, "regex", re.compile(r"= (\d+)")) == "12"
+    assert extract_answer(text, "regex", re.compile(r"\d+")) == "12"  # no group: the match
+    tasks = ReasoningGymTasks(config(extract="last_line", system_prompt=""))
+    t = tasks.train_task(0)
+    assert len(t.messages) == 1 and t.solution == t.answer
+    assert tasks.reward(f"I think\n{t.answer}\n", t) == 1.0
+
+
+def test_held_out_questions_never_train_and_draws_are_deterministic():
+    cfg = config(num_eval=100)
+    a, b = ReasoningGymTasks(cfg), ReasoningGymTasks(cfg)
+    held_out = {t.info["key"] for t in a.eval_tasks()}
+    assert len(held_out) > 50  # 1-digit sums and short words: some repeats among 100 draws
+    train = [a.train_task(i) for i in range(1000)]
+    assert not held_out & {t.info["key"] for t in train}
+    assert [t.messages for t in train[:30]] == [b.train_task(i).messages for i in range(30)]
+    other = ReasoningGymTasks(config(num_eval=100, seed=7))
+    assert [t.messages for t in other.eval_tasks()] != [t.messages for t in a.eval_tasks()]
+
+
+def test_config_mistakes_are_refused_with_the_fix():
+    with pytest.raises(ConfigError, match=r"'chain_sums' is not a reasoning-gym.*'chain_sum'"):
+        ReasoningGymTasks(config(datasets={"chain_sums": 1.0}, dataset_config={}))
+    with pytest.raises(ConfigError, match=r"\['terms'\] are not settings of ChainSumConfig.*"):
+        ReasoningGymTasks(config(dataset_config={"chain_sum": {"terms": 2}}))
+    with pytest.raises(ConfigError, match="max_terms must be >= min_terms"):
+        ReasoningGymTasks(config(dataset_config={"chain_sum": {"min_terms": 5, "max_terms": 2}}))
+    with pytest.raises(ConfigError, match=r"could not generate an item.*weights"):
+        # two operators but the three default operators_weights: the generator fails
+        operators = {"operators": ["+", "-"]}
+        ReasoningGymTasks(
+            config(datasets={"simple_equations": 1}, dataset_config={"simple_equations": operators})
+        )
+    with pytest.raises(ConfigError, match="seed"):  # reinforge's task.seed, not the library's
+        ReasoningGymTasks(config(dataset_config={"chain_sum": {"seed": 3}}))
+    # a space smaller than the held-out split fails when built, not mid-run
+    tiny_space = {"chain_sum": {"min_terms": 2, "max_terms": 2, "max_digits": 1}}
+    with pytest.raises(ConfigError, match=r"lower task\.num_eval"):
+        ReasoningGymTasks(
+            config(datasets={"chain_sum": 1}, dataset_config=tiny_space, num_eval=5000)
+        )
+    with pytest.raises(ValueError, match="dataset_config names \\['gcd'\\]"):
+        config(dataset_config={"gcd": {}})
+    with pytest.raises(ValueError, match="weights must be above 0"):
+        config(datasets={"chain_sum": 0.0})
+    with pytest.raises(ValueError, match="answer_regex"):
+        config(extract="regex")
+
+
+def test_a_score_answer_that_raises_is_counted_not_a_crash():
+    env_tasks = single_turn_tasks(ReasoningGymTasks(config()))
+    task = env_tasks.train_task(0)
+    broken = type(task)(task.id, task.messages, task.answer, task.solution, {**task.info})
+    broken.info["entry"] = {"question": "?"}  # no answer, no metadata: score_answer raises
+    errors = RewardErrors()
+    total, parts = env_tasks.scorer.score(
+        {}, f"<answer>{task.answer}</answer>", broken, None, errors
+    )
+    assert total == 0.0 and parts == {"env": 0.0}
+    assert errors.metrics()["reward_errors"] == 1
+    total, _ = env_tasks.scorer.score({}, f"<answer>{task.answer}</answer>", task, None, errors)
+    assert total == 1.0
+
+
+def test_trains_through_the_cli(tmp_path):
+    overrides = [o for o in TINY_RUN if not o.startswith("task.")]
+    cfg = tmp_path / "rg.toml"
+    cfg.write_text(
+        '[task]\nname = "reasoning_gym"\ndatasets = {chain_sum = 1.0, spell_backward = 1.0}\n'
+        'extract = "whole"\nsystem_prompt = ""\nnum_eval = 8\n'
+        "[task.dataset_config]\nchain_sum = {min_terms = 2, max_terms = 2, max_digits = 1}\n"
+        "spell_backward = {min_word_len = 3, max_word_len = 3}\n"
+    )
+    result = cli(
+        "train",
+        str(cfg),
+        *overrides,
+        f"run.output_dir={tmp_path}",
+        "run.name=rg",
+        "run.max_steps=2",
+        "sft.steps=2",
+        "eval.every=2",
+        "checkpoint.every=0",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "rg" / "metrics.jsonl").open()]
+    evals = [r for r in rows if "eval_accuracy" in r]
+    assert evals and all("eval_pass@1/chain_sum" in r for r in evals), evals[-1].keys()
+    samples = [json.loads(line) for line in (tmp_path / "rg" / "samples.jsonl").open()]
+    assert {s["data_source"] for s in samples} <= {"chain_sum", "spell_backward"}
