@@ -6,6 +6,7 @@ judge, and the reward components come back. Skipped when textarena is not instal
 from __future__ import annotations
 
 import importlib.util
+import json
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +21,7 @@ import textarena as ta
 from reinforge.models.tiny import builtin_path
 from reinforge.server import load_served_model
 
+from .conftest import cli
 from .server.conftest import client, start_server
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "agents" / "textarena_tictactoe.py"
@@ -63,7 +65,8 @@ def test_games_play_to_the_end_against_the_served_tiny_model(tiny_url, model_pla
             sample_index=seed,
         )
         rewards = game.run(agent)
-        assert set(rewards) == {"outcome", "legal_moves"}
+        assert set(rewards) == {"reward", "outcome", "legal_moves"}
+        assert rewards["reward"] == rewards["outcome"]
         assert rewards["outcome"] in (0.0, 0.5, 1.0) and 0.0 <= rewards["legal_moves"] <= 1.0
     assert recording.requests, "the model was never asked for a move"
     first = recording.requests[0]
@@ -93,7 +96,7 @@ def test_refused_moves_follow_the_game_rules():
     nonsense = SimpleNamespace(
         client=Scripted(["hello", "[9]"]), model="m", info={"model_player": 0}, sample_index=0
     )
-    assert game.run(nonsense) == {"outcome": 0.0, "legal_moves": 0.0}
+    assert game.run(nonsense) == {"reward": 0.0, "outcome": 0.0, "legal_moves": 0.0}
     legal = SimpleNamespace(
         client=Scripted([None] * 9), model="m", info={"model_player": 0}, sample_index=1
     )
@@ -113,3 +116,32 @@ def test_the_opponent_picks_free_cells():
     _, observation = env.get_observation()
     assert "[4]" not in game.free_cells(observation) and len(game.free_cells(observation)) == 8
     assert game.opponent_move(observation, "first", random.Random(0)) == "[0]"
+
+
+def test_the_game_trains_through_the_agent_task(tmp_path):
+    """configs/agent_tictactoe.toml through `reinforge train`: two steps of whole games, each
+    turn a request the agent task records (a fresh board each turn: one segment per move, a
+    history break between them), the reward components logged, evaluation one sample per game."""
+    out = cli(
+        "train",
+        "configs/agent_tictactoe.toml",
+        "run.max_steps=2",
+        "rollout.prompts_per_step=2",
+        "rollout.samples_per_prompt=2",
+        "eval.num_tasks=2",
+        f"run.output_dir={tmp_path}",
+        "run.num_threads=1",
+        "log.tensorboard=false",
+        "log.plot=false",
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    rows = [json.loads(x) for x in (tmp_path / "agent_tictactoe" / "metrics.jsonl").open()]
+    steps = [r for r in rows if r.get("phase") == "rl" and "reward_mean" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:  # 4 games a step, each at least one move of the model's
+        assert r["agent_requests"] >= 4 and r["agent_segments"] == r["agent_requests"]
+        assert r["agent_history_breaks"] == r["agent_segments"] - 4
+        assert {"reward_env", "reward_legal_moves"} <= set(r)
+        assert sum(v for k, v in r.items() if k.startswith("agent_failed_")) == 0
+    evals = [r for r in rows if "eval_accuracy" in r]
+    assert evals and all(0.0 <= r["eval_accuracy"] <= 1.0 for r in evals)

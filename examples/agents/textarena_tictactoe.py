@@ -67,7 +67,8 @@ def run(agent, opponent: str = "random", history: str = "board", max_tokens: int
         accepted += not refused(env, model_player, done)
     rewards, _ = env.close()
     outcome = {1: 1.0, 0: 0.5, -1: 0.0}[int(rewards[model_player])]
-    return {"outcome": outcome, "legal_moves": accepted / moves if moves else 0.0}
+    legal = accepted / moves if moves else 0.0
+    return {"reward": outcome, "outcome": outcome, "legal_moves": legal}  # "reward": the verdict
 
 
 def opponent_move(observation: str, kind: str, rng: random.Random) -> str:

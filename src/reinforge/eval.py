@@ -80,11 +80,9 @@ def evaluate(
     samples, rows = [], []
     for group in groups:
         source = str(group.task.info.get("data_source", env_tasks.name))
-        samples.append([eval_sample(t, source) for t in group.trajectories])
-        rows += [
-            sample_row(t.task, t.completion, t.reward, source, t.rewards)
-            for t in group.trajectories
-        ]
+        episodes = [t for t in group.trajectories if t.segment == 0]  # an agent's: one each
+        samples.append([eval_sample(t, source) for t in episodes])
+        rows += [sample_row(t.task, t.completion, t.reward, source, t.rewards) for t in episodes]
     summary = summarize_eval(samples)
     details = {**episode_metrics(groups), **errors.metrics()}
     return EvalResult(summary.metrics, summary.table, rows, len(tasks), samples_per_task, details)

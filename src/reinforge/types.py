@@ -87,6 +87,9 @@ class Trajectory:
     # Branched episodes under hard attribution (rollout.branching): the leading completion tokens
     # this trajectory shares with each member of its group, in group order (-1: itself)
     shared_tokens: tuple[int, ...] = ()
+    # An agent's episode whose history was rewritten becomes several sequences (rollout/agents.py):
+    # this one's index among them; 0 for the first, or the only one
+    segment: int = 0
 
     @property
     def num_completion_tokens(self) -> int:

@@ -25,9 +25,10 @@ def test_every_env_variant_of_task_has_one_builder():
     assert names <= union_names
 
 
-# "env", "tools" and "agent" have no defaults to build: they name the user's factory, agent or
-# data (tests/envs/test_user_env.py, test_tools_task.py, tests/agents/)
-@pytest.mark.parametrize("name", sorted(set(ENV_TASKS) - {"env", "tools", "agent"}))
+# "env", "tools", "agent" and "verifiers" have no defaults to build: they name the user's factory,
+# agent, environment or data (tests/envs/test_user_env.py, test_tools_task.py, tests/agents/,
+# tests/test_verifiers.py)
+@pytest.mark.parametrize("name", sorted(set(ENV_TASKS) - {"env", "tools", "agent", "verifiers"}))
 def test_each_env_task_builds_with_its_defaults_and_plays_one_step(name):
     cfg = load_config(TrainConfig, None, [f"task.name={name}"])
     tasks = build_task_source(cfg.task)

@@ -270,6 +270,7 @@ def to_trajectories(
             is_correct=components.get("env", 0.0) >= 1.0,
             rewards=components,
             metrics=metrics if i == 0 else dict.fromkeys(metrics, 0.0),
+            segment=i,
         )
         for i, s in enumerate(segments)
     ]
