@@ -36,7 +36,7 @@ def build(lora_rank: int):
     tokenizer = load_tokenizer(source)
     model = load_model(source, torch.device("cpu"), torch.float32)
     if lora_rank:
-        from reinforge.train.lora import apply_lora
+        from reinforge.train.policy.lora import apply_lora
 
         model, _ = apply_lora(model, rank=lora_rank)
         with torch.no_grad():

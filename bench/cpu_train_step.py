@@ -28,7 +28,7 @@ except ImportError:  # Python 3.10
 from reinforge.config import TrainConfig
 from reinforge.models.loading import load_model, load_tokenizer, model_source
 from reinforge.tasks import build_task_source
-from reinforge.train.packed_attention import select_packed_attention
+from reinforge.train.packing.attention import select_packed_attention
 from reinforge.train.sft import sft_examples, sft_step
 
 REPO = Path(__file__).resolve().parents[1]

@@ -28,7 +28,7 @@ from collections import defaultdict
 
 import torch
 
-import reinforge.train.rl as rl
+import reinforge.train.loop.rl as rl
 from reinforge.cli import main
 
 GiB = 2**30

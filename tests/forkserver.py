@@ -143,7 +143,7 @@ def _serve() -> None:
 
     import reinforge.cli
     import reinforge.preflight
-    import reinforge.train.rl  # noqa: F401
+    import reinforge.train.loop.rl  # noqa: F401
 
     for line in sys.stdin:
         assert threading.active_count() == 1, "forking needs a process without threads"

@@ -1,5 +1,5 @@
 """The plain path the trainer used before packing: full [B, L, V] logits over right-padded rows.
-Tests keep it as the reference the packed path (`train.forward`, `train.logprobs`) must
+Tests keep it as the reference the packed path (`train.packing.forward`, `train.packing.logprobs`) must
 reproduce; the package does not use it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforge.train.logprobs import (
+from reinforge.train.packing.logprobs import (
     DEFAULT_CHUNK_SIZE,
     chunked_logprobs,
     final_hidden_states,

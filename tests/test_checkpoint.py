@@ -13,8 +13,8 @@ from reinforge.checkpoint import (
     prepare_resume,
     save_checkpoint,
 )
-from reinforge.checkpoint_files import TMP_PREFIX, Saved, latest_checkpoint
-from reinforge.checkpoint_manifest import (
+from reinforge.checkpoint.files import TMP_PREFIX, Saved, latest_checkpoint
+from reinforge.checkpoint.manifest import (
     MANIFEST,
     CheckpointDamaged,
     file_hash,
@@ -23,7 +23,7 @@ from reinforge.checkpoint_manifest import (
 from reinforge.errors import ConfigError
 from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.models.tiny import builtin_path
-from reinforge.train.optim import build_optimizer
+from reinforge.train.policy.optim import build_optimizer
 
 
 def test_save_is_atomic_pruned_and_loadable(tmp_path):

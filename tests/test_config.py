@@ -1,7 +1,7 @@
 import pytest
 
 from reinforge.config import SFTConfig, TrainConfig, load_config
-from reinforge.config_docs import render
+from reinforge.config.docs import render
 from reinforge.errors import ConfigError
 
 from .conftest import REPO
@@ -159,7 +159,7 @@ def test_dry_run_shows_the_resolved_algorithm_and_where_each_value_came_from(tmp
 def test_a_run_saved_by_an_earlier_version_loads_with_what_it_trained_with(tmp_path):
     """Configs saved before [algorithm] became a union hold every algorithm's settings (and
     normalize_std); resume and eval read them, a hand-written config with them is refused."""
-    from reinforge.config_load import read_saved_config
+    from reinforge.config.load import read_saved_config
 
     saved = tmp_path / "config.toml"
     saved.write_text(

@@ -14,7 +14,7 @@ from reinforge.checkpoint import (
     save_checkpoint,
     wait_for_saves,
 )
-from reinforge.checkpoint_files import (
+from reinforge.checkpoint.files import (
     TMP_PREFIX,
     Saved,
     checkpoints_dir,
@@ -24,7 +24,7 @@ from reinforge.checkpoint_files import (
 from reinforge.faults import FaultPlan, InjectedFault, install
 from reinforge.models.loading import load_model, load_tokenizer
 from reinforge.models.tiny import builtin_path
-from reinforge.train.optim import build_optimizer
+from reinforge.train.policy.optim import build_optimizer
 
 
 @pytest.fixture

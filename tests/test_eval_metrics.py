@@ -7,7 +7,7 @@ from math import comb
 
 import pytest
 
-from reinforge.eval_metrics import Sample, default_ks, pass_at_k, summarize_eval
+from reinforge.eval.metrics import Sample, default_ks, pass_at_k, summarize_eval
 
 # n=5 samples, c=2 correct: 1 - C(3,k)/C(5,k) = 1 - 3/5, 1 - 3/10, 1 - 1/10, 1 - 0, 1 - 0
 N5_C2 = {1: 0.4, 2: 0.7, 3: 0.9, 4: 1.0, 5: 1.0}

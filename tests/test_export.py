@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from reinforge.checkpoint import TrainerState, save_checkpoint
-from reinforge.checkpoint_files import Saved
+from reinforge.checkpoint.files import Saved
 from reinforge.errors import ConfigError
 from reinforge.export import ExportError, export
 from reinforge.models.tiny import builtin_path
-from reinforge.train.lora import apply_lora
+from reinforge.train.policy.lora import apply_lora
 
 IDS = torch.tensor([[5, 17, 42, 99, 3, 250, 7, 1, 2]])
 

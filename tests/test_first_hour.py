@@ -24,7 +24,7 @@ def _tiny():
 def test_skipped_first_step_advances_the_schedule_without_a_warning():
     """A first step whose gradient is not finite skips optimizer.step(); the schedule still
     advances (it counts trainer steps), which torch would report as a wrong call order."""
-    from reinforge.train.optim import build_optimizer
+    from reinforge.train.policy.optim import build_optimizer
     from reinforge.train.sft import sft_step
 
     model, tok = _tiny()

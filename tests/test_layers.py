@@ -23,26 +23,26 @@ LAYERS = [
     ["reinforge.algorithms", "reinforge.rewards", "reinforge.data"],
     [
         "reinforge.config",
-        "reinforge.config_base",
-        "reinforge.config_algorithm",
-        "reinforge.config_data",
-        "reinforge.config_envs",
-        "reinforge.config_load",
-        "reinforge.config_branching",
-        "reinforge.config_resilience",
-        "reinforge.config_rewards",
-        "reinforge.config_tasks",
-        "reinforge.config_docs",
-        "reinforge.resume_config",
+        "reinforge.config.base",
+        "reinforge.config.algorithm",
+        "reinforge.config.data",
+        "reinforge.config.envs",
+        "reinforge.config.load",
+        "reinforge.config.branching",
+        "reinforge.config.resilience",
+        "reinforge.config.rewards",
+        "reinforge.config.tasks",
+        "reinforge.config.docs",
+        "reinforge.config.resume",
     ],
     ["reinforge.tasks", "reinforge.envs"],
     ["reinforge.engine"],
     # a run's saved state on disk (below models: `models` finds a run's checkpoints)
     [
         "reinforge.checkpoint",
-        "reinforge.checkpoint_files",
-        "reinforge.checkpoint_manifest",
-        "reinforge.checkpoint_sharded",
+        "reinforge.checkpoint.files",
+        "reinforge.checkpoint.manifest",
+        "reinforge.checkpoint.sharded",
     ],
     ["reinforge.models"],
     [
@@ -59,7 +59,7 @@ LAYERS = [
         "reinforge.server.recording",
         "reinforge.server.responses",
     ],
-    ["reinforge.eval", "reinforge.eval_metrics"],
+    ["reinforge.eval", "reinforge.eval.metrics"],
     # one run's process: its directory and summary, and the checks across a cluster's ranks
     ["reinforge.run", "reinforge.cluster", "reinforge.cluster_heartbeat"],
     ["reinforge.train"],
@@ -70,15 +70,15 @@ LAYERS = [
         "reinforge.doctor",
         "reinforge.export",
         "reinforge.server",
-        "reinforge.eval_run",
+        "reinforge.eval.run",
         "reinforge.report",
-        "reinforge.report_html",
+        "reinforge.report.page",
     ],
     # the commands; `launch` (torchrun around them) is handed the CLI's parser, never imports it
     [
         "reinforge.cli",
-        "reinforge.cli_models",
-        "reinforge.cli_output",
+        "reinforge.cli.models",
+        "reinforge.cli.output",
         "reinforge.__main__",
         "reinforge.launch",
     ],
@@ -264,5 +264,5 @@ def test_rollout_imports_neither_training_nor_evaluation():
         bad = sorted(m for m in reachable(graph, module) if m.startswith(forbidden))
         assert not bad, f"{module} reaches {bad}"
     # and both of them do import it
-    assert any(m.startswith("reinforge.rollout") for m in graph["reinforge.train.rl"])
+    assert any(m.startswith("reinforge.rollout") for m in graph["reinforge.train.loop.rl"])
     assert any(m.startswith("reinforge.rollout") for m in graph["reinforge.eval"])

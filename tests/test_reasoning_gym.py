@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from reinforge.config_tasks import ReasoningGymTaskConfig
+from reinforge.config.tasks import ReasoningGymTaskConfig
 from reinforge.envs.env_tasks import single_turn_tasks
 from reinforge.errors import ConfigError
 from reinforge.faults import RewardErrors

@@ -145,7 +145,7 @@ def test_html_report_in_headless_chromium(run_dir, tmp_path):
 
 
 def test_sample_text_cannot_end_the_data_block():
-    from reinforge.report_html import render
+    from reinforge.report.page import render
 
     page = render({"name": "x", "samples": [{"completion": "</script><!--<script>alert(1)"}]})
     blob = page.split('id="run-data">')[1].split("</script>")[0]

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("verifiers", reason="verifiers (the `verifiers` extra) not installed")
 
-from reinforge.config_envs import VerifiersTaskConfig
+from reinforge.config.envs import VerifiersTaskConfig
 from reinforge.envs.base import EnvState
 from reinforge.envs.sources import ENV_TASKS
 from reinforge.errors import ConfigError

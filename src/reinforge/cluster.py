@@ -183,7 +183,7 @@ def where_rank0_is(labels: list[str]) -> str:
 def what_now(run_dir: Path, command: str) -> str:
     """The end of a distributed failure's line: the checkpoints, and the resume command (on
     this or any other number of nodes) when there is one."""
-    from reinforge.checkpoint_files import latest_checkpoint
+    from reinforge.checkpoint.files import latest_checkpoint
 
     try:
         latest = latest_checkpoint(run_dir)

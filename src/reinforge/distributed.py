@@ -30,7 +30,7 @@ Contract:
   (`equal_micro_batches`, `in_lockstep`): each forward is a collective.
 - Metrics: `reduce_metrics` combines each rank's step metrics (mean, sum or max per key); rank 0
   alone writes files and prints.
-- Disaggregated (`distributed.mode = "disaggregated"`, `train.disaggregated`): the last rank
+- Disaggregated (`distributed.mode = "disaggregated"`, `train.loop.disaggregated`): the last rank
   only generates and the others train; "rank", "world size" and every reduction here then mean
   the training processes' (`train_group`); the main process is rank 0, a trainer.
 """
@@ -47,7 +47,7 @@ import torch
 
 from reinforge.errors import ConfigError
 
-# The trainer's packed forward, registered on FSDP-sharded models (see `train.forward`).
+# The trainer's packed forward, registered on FSDP-sharded models (see `train.packing.forward`).
 PACKED_FORWARD = "reinforge_packed_forward"
 # Marks a model replicated over the training ranks (`shard_model(..., replicate=True)`).
 REPLICATED = "reinforge_replicated"
@@ -58,7 +58,7 @@ REDUCE_BUCKET_BYTES = 256 << 20
 # ------------------------------------------------------------------------------ the world
 
 # The ranks that train together (None: all of them), and whether this process only generates:
-# both set by `init_from_env` for the disaggregated mode (`train.disaggregated`).
+# both set by `init_from_env` for the disaggregated mode (`train.loop.disaggregated`).
 _TRAIN_GROUP = None
 _IS_GENERATOR = False
 _LINK_GROUP = None  # the generator and rank 0 (the first trainer): weights go through it

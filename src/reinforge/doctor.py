@@ -129,11 +129,11 @@ def check_environment(report: DoctorReport, output_dir: str = ".") -> None:
 # What each command imports when it runs; a base install (`pip install reinforge`) must load all
 # of them but `serve`, whose HTTP layer is the `serve` extra.
 COMMAND_MODULES = {
-    "train": ("reinforge.train.rl",),
-    "sft": ("reinforge.train.sft_run",),
-    "eval": ("reinforge.eval_run", "reinforge.eval", "reinforge.server.loading"),
+    "train": ("reinforge.train.loop.rl",),
+    "sft": ("reinforge.train.loop.sft_run",),
+    "eval": ("reinforge.eval.run", "reinforge.eval", "reinforge.server.loading"),
     "export": ("reinforge.export",),
-    "report": ("reinforge.report", "reinforge.report_html"),
+    "report": ("reinforge.report", "reinforge.report.page"),
 }
 
 

@@ -49,9 +49,9 @@ def estimate_run(cfg) -> Estimate:
         resolve_dtype,
     )
     from reinforge.tasks import task_source_for
-    from reinforge.train.lengths import probe_lengths
-    from reinforge.train.memory import plan_run
-    from reinforge.train.optim import build_optimizer
+    from reinforge.train.planner.lengths import probe_lengths
+    from reinforge.train.planner.memory import plan_run
+    from reinforge.train.policy.optim import build_optimizer
     from reinforge.train.sft import sft_examples, sft_step
 
     if cfg.run.num_threads:
@@ -144,7 +144,7 @@ def estimate_run(cfg) -> Estimate:
 def _num_params(source: str) -> int:
     from transformers import AutoConfig
 
-    from reinforge.train.planner_sizes import ModelShape
+    from reinforge.train.planner.sizes import ModelShape
 
     return ModelShape.from_hf_config(AutoConfig.from_pretrained(source).to_dict()).num_params
 

@@ -23,7 +23,7 @@ class Preflight:
 
 def run_preflight(cfg) -> Preflight:
     from reinforge.models.loading import load_tokenizer, model_source
-    from reinforge.train.lengths import model_context, probe_lengths
+    from reinforge.train.planner.lengths import model_context, probe_lengths
 
     pf = Preflight()
     context, context_from = model_context(cfg)
@@ -84,7 +84,7 @@ def _check_held_out(cfg, tokenizer, pf: Preflight) -> None:
 
 def _check_memory(cfg, tokenizer, lengths, pf: Preflight) -> None:
     """LoRA binding (on a meta-device model) and the memory plan, before any weights load."""
-    from reinforge.train.memory import plan_rows, plan_run
+    from reinforge.train.planner.memory import plan_rows, plan_run
 
     t = cfg.train
     if t.micro_batch_size is not None:

@@ -166,7 +166,7 @@ def _from_main(failure: RunFailure | None) -> RunFailure | None:
 def resume_point(run_dir: Path) -> str:
     """The line a resumed run starts with: which checkpoint, which phase and step."""
     from reinforge.checkpoint import load_trainer_state
-    from reinforge.checkpoint_files import latest_checkpoint
+    from reinforge.checkpoint.files import latest_checkpoint
 
     ckpt = latest_checkpoint(run_dir)
     assert ckpt is not None  # checked in __init__

@@ -94,7 +94,7 @@ def test_the_resolved_section_loads_back_unchanged():
 
 
 def test_settings_reach_the_loss():
-    from reinforge.train.advantage_step import Algorithm
+    from reinforge.train.loop.advantage_step import Algorithm
 
     a = algorithm(
         "algorithm.tis_cap=2.0",

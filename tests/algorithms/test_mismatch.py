@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from reinforge.algorithms.losses import LossInputs, PolicyLossSettings, ppo_clip_loss
-from reinforge.train.update import combine
+from reinforge.train.loop.update import combine
 
 # two sequences; trainer-old minus sampler log-ratios by hand, the last token of row 1 padding
 LOG_RHO = np.array([[math.log(1.5), math.log(0.4), 0.0], [math.log(3.0), math.log(0.9), 7.0]])

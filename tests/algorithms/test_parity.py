@@ -18,7 +18,7 @@ from reinforge.algorithms.advantages import (
 from reinforge.algorithms.kl import kl_estimate
 from reinforge.algorithms.losses import LossInputs, PolicyLossSettings, aggregate, ppo_clip_loss
 from reinforge.algorithms.value import clipped_value_loss
-from reinforge.train.advantage_step import build_step_batch
+from reinforge.train.loop.advantage_step import build_step_batch
 from reinforge.types import Completion, Group, Task, Trajectory
 
 # ---------------------------------------------------------------------------- KL at the extremes
@@ -249,7 +249,7 @@ def test_value_clip_fraction_counts_only_clamped_values_in_float32():
 
 def test_reinforce_pp_token_preset_wires_gamma_into_the_step():
     from reinforge.config import TrainConfig, load_config
-    from reinforge.train.advantage_step import Algorithm, assign_advantages
+    from reinforge.train.loop.advantage_step import Algorithm, assign_advantages
 
     a = load_config(
         TrainConfig,

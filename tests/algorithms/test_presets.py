@@ -13,7 +13,7 @@ from reinforge.algorithms.kl import kl_penalized_token_rewards
 from reinforge.algorithms.losses import AGGREGATIONS, LossInputs
 from reinforge.algorithms.presets import ADVANTAGES, POLICY_LOSSES, PRESETS, Preset
 from reinforge.config import TrainConfig, load_config
-from reinforge.train.advantage_step import Algorithm
+from reinforge.train.loop.advantage_step import Algorithm
 
 EXPECTED = {
     "grpo",

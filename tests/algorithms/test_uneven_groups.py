@@ -20,7 +20,7 @@ from reinforge.algorithms.dapo import filter_zero_variance_groups, zero_variance
 from reinforge.algorithms.presets import ADVANTAGES
 from reinforge.algorithms.table import SCALES
 from reinforge.config import TrainConfig, load_config
-from reinforge.train.advantage_step import Algorithm, assign_advantages, build_step_batch
+from reinforge.train.loop.advantage_step import Algorithm, assign_advantages, build_step_batch
 from reinforge.types import Completion, Group, Task, Trajectory
 
 SIZES = [3, 1, 2, 2]

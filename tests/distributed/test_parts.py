@@ -14,7 +14,7 @@ from reinforge.config import TrainConfig, load_config
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.paged import PagedEngine
 from reinforge.models.loading import load_model, load_tokenizer, model_source
-from reinforge.train import forward
+from reinforge.train.packing import forward
 from reinforge.train.planner import ModelShape, PlanInputs, plan_memory
 
 from ..conftest import TINY_RUN
@@ -126,7 +126,7 @@ def test_the_planner_accumulates_unsharded_when_it_fits_and_refuses_a_forced_one
 
 def test_auto_replicates_a_model_that_fits_whole_and_shards_one_that_does_not():
     from reinforge.errors import ConfigError
-    from reinforge.train.memory import plan_strategy
+    from reinforge.train.planner.memory import plan_strategy
 
     small = ModelShape(494_032_768, 24, 896, 4864, 14, 2, 64, 151_936)  # qwen2.5-0.5b
     work = dict(prompt_len=256, response_len=1024, samples_per_prompt=8, prompts_per_step=16)

@@ -6,7 +6,7 @@ test_torchrun.py, beside the single-process run they compare with."""
 import pytest
 
 from reinforge.config import TrainConfig, load_config
-from reinforge.config_load import to_toml
+from reinforge.config.load import to_toml
 from reinforge.errors import ConfigError
 
 from ..conftest import TINY_RUN
@@ -64,7 +64,7 @@ def test_the_sampler_waits_for_weights_k_steps_old_and_loads_the_newest():
 
     import torch
 
-    from reinforge.train.disaggregated import Lookahead
+    from reinforge.train.loop.disaggregated import Lookahead
 
     model = [torch.zeros(3)]
     ahead = Lookahead(model, weights_step=0, staleness=2)

@@ -70,7 +70,7 @@ def test_without_a_budget_the_cpu_pool_grows_to_run_everything_at_once(models, t
 def test_the_config_and_the_cli_offer_the_factorys_engines():
     import typing
 
-    from reinforge.cli_models import ENGINES as CLI_ENGINES
+    from reinforge.cli.models import ENGINES as CLI_ENGINES
     from reinforge.config import RolloutSection
     from reinforge.engine.factory import ENGINES
 

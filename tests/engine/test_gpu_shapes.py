@@ -56,7 +56,7 @@ def add_adapter(model, seed: int = 0, rank: int = 16):
     here (PEFT's B starts at zero, and its A passes through the base dtype on a bf16 base), so
     the same `seed` gives the same adapter on any copy of the model: A x of unit scale, and an
     update about a tenth of the base projection's output."""
-    from reinforge.train.lora import apply_lora
+    from reinforge.train.policy.lora import apply_lora
 
     peft_model, _ = apply_lora(model, rank=rank, alpha=2.0 * rank)
     generator = torch.Generator().manual_seed(seed)

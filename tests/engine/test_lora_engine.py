@@ -11,7 +11,7 @@ import torch
 
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.paged import PagedEngine
-from reinforge.train.lora import apply_lora
+from reinforge.train.policy.lora import apply_lora
 
 from .conftest import FAMILIES, build_model, hf_greedy, hf_logprobs
 

@@ -16,8 +16,8 @@ from reinforge.engine import moe
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.paged import PagedEngine
 from reinforge.errors import ConfigError
-from reinforge.train.lora import apply_lora
-from reinforge.train.moe import begin_micro_batch, install_grouped_moe, router_aux_loss
+from reinforge.train.policy.lora import apply_lora
+from reinforge.train.policy.moe import begin_micro_batch, install_grouped_moe, router_aux_loss
 
 from ..conftest import TINY_MOE
 from .conftest import hf_greedy, hf_logprobs, scramble

@@ -6,7 +6,7 @@ import typing
 import pytest
 
 from reinforge.config import TaskConfig, TrainConfig, load_config
-from reinforge.config_envs import ENV_TASK_CONFIGS
+from reinforge.config.envs import ENV_TASK_CONFIGS
 from reinforge.envs.env_tasks import EnvTasks, EpisodeScorer
 from reinforge.envs.sources import ENV_TASKS
 from reinforge.errors import ConfigError
@@ -110,6 +110,6 @@ def test_scorer_refuses_unknown_components_naming_the_known_ones():
 
 
 def _specs(dicts):
-    from reinforge.config_rewards import RewardWeight
+    from reinforge.config.rewards import RewardWeight
 
     return [RewardWeight(**d) for d in dicts]

@@ -260,7 +260,7 @@ def test_config_mistakes_are_config_errors():
 
 
 def test_the_config_section_builds_the_sandbox():
-    from reinforge.config_envs import SandboxSection
+    from reinforge.config.envs import SandboxSection
     from reinforge.envs.sandbox import sandbox_from_config
 
     section = SandboxSection(backend="rlimit", memory_mb=300, max_disk_mb=7)

@@ -8,7 +8,7 @@ import torch
 from reinforge.config import GRPOAlgorithm, RolloutSection
 from reinforge.errors import ExitCode
 from reinforge.rollout.branching import Branching, shared_lengths, shared_token_advantages
-from reinforge.train.advantage_step import Algorithm, assign_advantages, build_step_batch
+from reinforge.train.loop.advantage_step import Algorithm, assign_advantages, build_step_batch
 from reinforge.types import Completion, Group, Message, Task, Trajectory
 
 from ..conftest import REPO, cli

@@ -20,7 +20,7 @@ from reinforge.rollout.episodes import (
     render,
     run_episodes,
 )
-from reinforge.train.optim import build_optimizer
+from reinforge.train.policy.optim import build_optimizer
 from reinforge.train.sft import sft_step
 from reinforge.types import Message, Task
 

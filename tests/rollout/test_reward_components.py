@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from reinforge.config import ArithmeticTaskConfig
-from reinforge.config_rewards import RewardWeight
+from reinforge.config.rewards import RewardWeight
 from reinforge.engine.simple import SimpleEngine
 from reinforge.envs.env_tasks import single_turn_tasks
 from reinforge.errors import ExitCode

@@ -22,10 +22,10 @@ from reinforge.models.tiny import builtin_path
 from reinforge.rollout.episodes import render
 from reinforge.rollout.trajectories import episode_metrics, play, tool_use_notes
 from reinforge.tasks import build_task_source
-from reinforge.train.advantage_step import build_step_batch
-from reinforge.train.demos import demonstration, demonstration_examples
-from reinforge.train.forward import completion_rows
-from reinforge.train.lengths import probe_lengths
+from reinforge.train.loop.advantage_step import build_step_batch
+from reinforge.train.packing.forward import completion_rows
+from reinforge.train.planner.lengths import probe_lengths
+from reinforge.train.sft.demos import demonstration, demonstration_examples
 from reinforge.types import Completion, Group, Task, Trajectory
 
 GAME = [

@@ -13,16 +13,16 @@ import torch
 
 from reinforge.algorithms.table import PRESETS
 from reinforge.checkpoint import TrainerState, load_trainer_state
-from reinforge.checkpoint_files import latest_checkpoint
+from reinforge.checkpoint.files import latest_checkpoint
 from reinforge.config import SFTConfig, TrainConfig, load_config
 from reinforge.eval import EvalResult, evaluate
 from reinforge.rollout.sources import sample_groups
 from reinforge.run import RunContext
 from reinforge.tasks.arithmetic import ArithmeticTasks
-from reinforge.train import rl
-from reinforge.train.learner import build_learner
-from reinforge.train.policy_model import SFT_FINAL
-from reinforge.train.sft_run import run_sft
+from reinforge.train.loop import rl
+from reinforge.train.loop.learner import build_learner
+from reinforge.train.loop.sft_run import run_sft
+from reinforge.train.policy.model import SFT_FINAL
 
 from .test_rl_loop import DigitTasks, NullLogger, make_learner
 

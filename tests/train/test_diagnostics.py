@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from reinforge.algorithms.losses import LossInputs, PolicyLossSettings, ppo_clip_loss
-from reinforge.train.diagnostics import (
+from reinforge.train.loop.diagnostics import (
     clip_fractions,
     explain_run,
     headroom_metrics,

@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 from reinforge.config import TrainConfig, load_config, to_toml
 from reinforge.metrics import read_metrics
 from reinforge.run import RunContext
-from reinforge.train.rl import train
+from reinforge.train.loop.rl import train
 
 from ..conftest import TINY_RUN
 from ..data.conftest import write_jsonl

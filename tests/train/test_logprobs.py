@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reinforge.models.tiny import builtin_path
-from reinforge.train.logprobs import chunked_logprobs, final_hidden_states, lm_head_weight
+from reinforge.train.packing.logprobs import chunked_logprobs, final_hidden_states, lm_head_weight
 from tests.padded_reference import chunked_token_logprobs, pad_batch, token_logprobs
 
 N, H, V = 37, 16, 53
@@ -123,7 +123,7 @@ def test_padded_drop_in_matches_token_logprobs():
 def test_fused_chunk_math_equals_the_in_place_path():
     """`chunk_stats` / `chunk_grad_logits` (compiled on CUDA) compute what the in-place CPU
     helpers do, from raw logits, at a temperature, with targets anywhere in the vocabulary."""
-    from reinforge.train.logprobs import (
+    from reinforge.train.packing.logprobs import (
         _chunk_grad_logits,
         chunk_grad_logits,
         chunk_stats,

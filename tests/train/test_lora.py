@@ -8,7 +8,7 @@ import torch
 
 from reinforge.errors import ConfigError
 from reinforge.models.tiny import SPECS, builtin_path
-from reinforge.train.lora import (
+from reinforge.train.policy.lora import (
     adapter_disabled,
     apply_lora,
     linear_layer_names,

@@ -68,8 +68,8 @@ def test_planner_counts_every_expert_and_the_active_width():
     LoRA: exactly what PEFT binds on a MoE model (gate_up_proj at rank 2r)."""
     from pathlib import Path
 
-    from reinforge.train.lora import apply_lora
-    from reinforge.train.planner_sizes import ModelShape, lora_trainable_params
+    from reinforge.train.planner.sizes import ModelShape, lora_trainable_params
+    from reinforge.train.policy.lora import apply_lora
 
     shape = json.loads((Path(__file__).parents[2] / "bench/shapes/qwen3-30b-a3b.json").read_text())
     big = ModelShape.from_hf_config(shape)

@@ -9,7 +9,14 @@ import torch
 from reinforge.algorithms.losses import AGGREGATIONS, LossInputs, PPOClipSettings, ppo_clip_loss
 from reinforge.errors import ConfigError
 from reinforge.models.tiny import builtin_path
-from reinforge.train.packed_attention import (
+from reinforge.train.packing import (
+    PackSequence,
+    batch_segments,
+    pack,
+    packed_logprobs,
+    unpack,
+)
+from reinforge.train.packing.attention import (
     VARLEN,
     VARLEN_PADDED,
     VARLEN_REFERENCE,
@@ -19,14 +26,7 @@ from reinforge.train.packed_attention import (
     segment_mask,
     select_packed_attention,
 )
-from reinforge.train.packing import (
-    PackSequence,
-    batch_segments,
-    pack,
-    packed_logprobs,
-    unpack,
-)
-from reinforge.train.packing_plan import plan_micro_batches, plan_shared_micro_batches
+from reinforge.train.packing.plan import plan_micro_batches, plan_shared_micro_batches
 from tests.padded_reference import pad_batch, token_logprobs
 
 TEMPERATURE = 0.7
@@ -123,7 +123,7 @@ def test_plan_respects_budget_uses_minimal_count_and_balances():
 
 
 def test_plan_random_lengths_never_worse_than_first_fit_decreasing():
-    from reinforge.train.packing_plan import _first_fit_decreasing
+    from reinforge.train.packing.plan import _first_fit_decreasing
 
     gen = torch.Generator().manual_seed(3)
     for _ in range(50):

@@ -11,9 +11,9 @@ from reinforge.engine.model_runner import kv_bytes_per_block
 from reinforge.engine.paged import PagedEngine
 from reinforge.engine.simple import SimpleEngine
 from reinforge.models.loading import load_model, load_tokenizer, model_source
-from reinforge.train.lengths import probe_lengths
-from reinforge.train.memory import plan_rows, plan_run
-from reinforge.train.session import policy_engine
+from reinforge.train.loop.session import policy_engine
+from reinforge.train.planner.lengths import probe_lengths
+from reinforge.train.planner.memory import plan_rows, plan_run
 
 RUN = [
     "model.path=builtin:micro",
@@ -64,7 +64,7 @@ def test_kv_cache_bytes_and_engine_settings_are_obeyed():
 
 
 def test_a_lora_policy_generates_through_the_paged_forward():
-    from reinforge.train.policy_model import attach_adapter
+    from reinforge.train.policy.model import attach_adapter
 
     cfg = load_config(TrainConfig, None, [*RUN, "model.lora.rank=4"])
     model, tokenizer = micro(cfg)

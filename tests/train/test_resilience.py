@@ -22,7 +22,7 @@ from reinforge.errors import ExitCode, RunFailure
 from reinforge.metrics import read_metrics
 from reinforge.models.tiny import builtin_path
 from reinforge.report import build_report
-from reinforge.train.nonfinite import enforce_non_finite_policy
+from reinforge.train.loop.nonfinite import enforce_non_finite_policy
 
 from ..conftest import REPO, TINY_RUN, cli
 

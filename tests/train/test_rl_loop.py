@@ -9,11 +9,11 @@ from reinforge.models.loading import load_model, load_tokenizer, model_source
 from reinforge.rollout.sources import rollout_groups
 from reinforge.run import RunContext
 from reinforge.tasks.arithmetic import ArithmeticTasks
-from reinforge.train import rl
-from reinforge.train.advantage_step import Algorithm, assign_advantages, build_step_batch
-from reinforge.train.learner import build_learner
-from reinforge.train.memory import MemoryChoice
-from reinforge.train.session import Policy, RunSetup, policy_engine
+from reinforge.train.loop import rl
+from reinforge.train.loop.advantage_step import Algorithm, assign_advantages, build_step_batch
+from reinforge.train.loop.learner import build_learner
+from reinforge.train.loop.session import Policy, RunSetup, policy_engine
+from reinforge.train.planner.memory import MemoryChoice
 
 
 class DigitTasks(ArithmeticTasks):
@@ -128,7 +128,7 @@ def test_shared_prompts_give_the_update_of_whole_sequences(tmp_path, monkeypatch
     (with a KL reference, scored through the same packing) from the same seed gives the same
     loss, gradient norm and gradients with the group prompts run once as with every sequence
     whole. The step's micro-batches do share (the packing tests cover values and gradients)."""
-    from reinforge.train import forward
+    from reinforge.train.packing import forward
 
     packed = []
 

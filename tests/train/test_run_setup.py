@@ -6,7 +6,7 @@ from __future__ import annotations
 from reinforge.config import TrainConfig, load_config
 from reinforge.envs.env_tasks import EnvTasks
 from reinforge.run import RunContext
-from reinforge.train.session import load_policy, run_tasks
+from reinforge.train.loop.session import load_policy, run_tasks
 
 
 def test_the_config_is_unchanged_by_the_run_setup(tmp_path):

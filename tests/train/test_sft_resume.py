@@ -10,10 +10,10 @@ import pytest
 from safetensors.torch import load_file
 
 from reinforge.checkpoint import TrainerState, save_checkpoint
-from reinforge.checkpoint_files import Saved, checkpoints_dir
+from reinforge.checkpoint.files import Saved, checkpoints_dir
 from reinforge.config import SFTConfig, load_config, to_toml
 from reinforge.run import RunContext, Stopped
-from reinforge.train.sft_run import run_sft
+from reinforge.train.loop.sft_run import run_sft
 
 from ..data.conftest import write_jsonl
 from ..data.test_cli_runs import conversation

@@ -14,7 +14,7 @@ from reinforge.data.chat import chat_example, eos_ids
 from reinforge.envs.parsers import ToolCall
 from reinforge.errors import ConfigError
 from reinforge.tasks import build_task_source
-from reinforge.train.demos import demonstration_examples, recorded_demonstration
+from reinforge.train.sft.demos import demonstration_examples, recorded_demonstration
 from reinforge.types import Message
 from tests.rollout.test_episodes import TRL, tokenizer_with
 

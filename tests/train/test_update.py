@@ -8,10 +8,10 @@ import torch
 from reinforge.algorithms.losses import LossInputs, PolicyLossSettings, ppo_clip_loss
 from reinforge.config import TrainConfig, load_config
 from reinforge.rollout.sources import rollout_groups
-from reinforge.train.advantage_step import assign_advantages, build_step_batch
-from reinforge.train.optim import MixedAdamW, build_optimizer
+from reinforge.train.loop.advantage_step import assign_advantages, build_step_batch
+from reinforge.train.loop.update import update_policy
+from reinforge.train.policy.optim import MixedAdamW, build_optimizer
 from reinforge.train.sft import sft_step
-from reinforge.train.update import update_policy
 from tests.padded_reference import pad_batch
 
 from .test_rl_loop import DigitTasks, make_learner, make_policy, micro_step_config
@@ -61,7 +61,7 @@ def test_packed_update_has_the_padded_gradient(aggregation, tmp_path):
     batch = build_step_batch(groups, cfg.algorithm, policy.device)
     assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
     assert len({t.advantage for t in batch.trajs}) > 2
-    from reinforge.train.forward import micro_batches
+    from reinforge.train.packing.forward import micro_batches
 
     assert len(micro_batches(batch.prompts, batch.completions, 64)) >= 3
 
@@ -183,8 +183,8 @@ def test_mixed_adamw_matches_torch_and_keeps_float32_states():
 @pytest.mark.slow
 def test_compiled_decoder_layers_give_the_same_logprobs_and_gradients():
     """`train.compile`: the packed forward and backward through compiled layers (CPU inductor)."""
-    from reinforge.train.forward import completion_rows
-    from reinforge.train.policy_model import compile_layers
+    from reinforge.train.packing.forward import completion_rows
+    from reinforge.train.policy.model import compile_layers
 
     cfg = load_config(TrainConfig, None, ["model.path=builtin:micro"])
     prompts, completions = [[5, 6, 7, 8], [9, 10, 11]], [[20, 21, 22], [23, 24]]

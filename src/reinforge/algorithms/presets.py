@@ -4,7 +4,7 @@ A preset is the combination of choices its paper used. Config fields take their 
 `PRESETS[name]`; the loop then looks up `ADVANTAGES[preset["advantage"]]` and
 `POLICY_LOSSES[preset["loss"]]`. The token-level estimators are not in `ADVANTAGES`: "gae" needs
 the value model (`value_model = True`) and runs `advantages.gae_advantages`; "reinforce_pp_token"
-runs `advantages.reinforce_pp_token_advantages` (train/advantage_step.py wires both).
+runs `advantages.reinforce_pp_token_advantages` (train/loop/advantage_step.py wires both).
 
 The preset data itself lives in `table.py` (plain data, no torch, so the config layer can read
 it); it is re-exported here.

@@ -36,7 +36,7 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
 IDS, POSITIONS, SLOTS, CONTEXT_LENS, SEEDS, OUTPUT_POSITIONS = range(6)
 NUM_ROW_FIELDS = 6
 # Held while a graph is captured: CUDA calls from another thread (the disaggregated generator's
-# weight receive, train/disaggregated.py) during a capture would invalidate it.
+# weight receive, train/loop/disaggregated.py) during a capture would invalidate it.
 CAPTURE_LOCK = threading.Lock()
 PAD_ROW = (0, 0, -1, 1, 0, 0)
 

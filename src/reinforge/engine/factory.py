@@ -9,7 +9,7 @@
 
 Both read the model's parameters in place, so a trainer's optimizer step is seen by the next
 generate. The KV pool of the paged engine takes `kv_cache_bytes` when given: a trainer passes the
-memory planner's budget (`train.memory`), since it shares the device with training; without
+memory planner's budget (`train.planner.memory`), since it shares the device with training; without
 it the pool takes the accelerator's free memory less a reserve, or grows with the requests on a
 CPU (`PagedEngine`).
 """

@@ -1,7 +1,7 @@
 """PEFT LoRA in the paged forward: base + scaling * B(A(x)) per adapted projection, from the live
 tensors.
 
-The trainer wraps its model with PEFT (`train.lora`), which swaps each targeted `nn.Linear` for a
+The trainer wraps its model with PEFT (`train.policy.lora`), which swaps each targeted `nn.Linear` for a
 `peft.tuners.lora.Linear` holding the original as `base_layer` and the adapters' A/B `nn.Linear`s
 in `lora_A` / `lora_B`. `linear` reads those modules' parameters on every call, exactly as PEFT's
 own forward combines them (the input cast to A's dtype, the sum in the wider dtype, cast back), so

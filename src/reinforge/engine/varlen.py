@@ -4,7 +4,7 @@
 in 2.10, `window_size` later), so callers read them off its signature.
 
 Both the engine's packed prefill (`engine.triton_attention`) and the trainer's packed attention
-(`train.packed_attention`) call it; this module imports only torch, so the trainer can use it
+(`train.packing.attention`) call it; this module imports only torch, so the trainer can use it
 without importing Triton.
 """
 

@@ -190,7 +190,7 @@ def _unconfined(backend: str, allow: bool) -> str:
 
 
 def sandbox_from_config(section) -> Sandbox:
-    """The Sandbox of a `[task.sandbox]` section (config_envs.SandboxSection)."""
+    """The Sandbox of a `[task.sandbox]` section (config.envs.SandboxSection)."""
     limits = SandboxLimits(
         cpu_seconds=section.cpu_seconds,
         wall_seconds=section.wall_seconds,

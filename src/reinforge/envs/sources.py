@@ -1,4 +1,4 @@
-"""The env variants of `[task]` (config_envs.py): each name's builder of its `EnvTasks`.
+"""The env variants of `[task]` (config/envs.py): each name's builder of its `EnvTasks`.
 
 `ENV_TASKS` maps each env variant to its builder; `tasks.build_task_source` merges it into its
 table, so `[task] name = "game"` is one dict lookup like `name = "arithmetic"`. Each builder

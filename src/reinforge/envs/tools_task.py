@@ -14,7 +14,7 @@ further components (envs/sources.py `EpisodeScorer`).
 A row whose conversation (a `messages` column) holds assistant turns is also an SFT
 demonstration: the prompt is the conversation before its first assistant turn, and the rest,
 tool calls and tool results in the OpenAI format, is replayed for the SFT stage
-(train/demos.py `recorded_demonstration`).
+(train/sft/demos.py `recorded_demonstration`).
 """
 
 from __future__ import annotations

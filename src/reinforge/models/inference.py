@@ -28,7 +28,7 @@ class ModelRef:
 
 def find_checkpoint(path: str | Path) -> Path | None:
     """The checkpoint folder `path` names, or None when it names nothing local (a hub name)."""
-    from reinforge.checkpoint_files import checkpoints_dir, latest_checkpoint
+    from reinforge.checkpoint.files import checkpoints_dir, latest_checkpoint
 
     p = Path(path).expanduser()
     if checkpoints_dir(p).is_dir():

@@ -5,7 +5,7 @@
 `trajectories.play`, scored; with dynamic sampling (DAPO) rounds of it until enough groups carry
 signal. `LocalRollouts` runs it here; `RemoteRollouts` is a trainer's side of the disaggregated
 mode (`distributed.mode = "disaggregated"`), where the last rank runs it for everyone and the
-trainers send their weights back (the generator's loop: `train/disaggregated.py`).
+trainers send their weights back (the generator's loop: `train/loop/disaggregated.py`).
 
 The disaggregated protocol (blocking messages in one order on both sides; rollouts point to
 point, weights broadcast from rank 0 to the generator over `distributed.link_group`):
@@ -20,7 +20,7 @@ With k = `distributed.rollout_staleness`, rollout(t) is sampled from the weights
 t - 1 - k or later (the newest received), so step s trains on samples up to k optimizer steps
 old (`rollout_staleness` = s - 1 - `rollout_weights_step`: 0 on the first step after a start or
 resume). k = 0 is on-policy. Only the trainable tensors travel: the whole model in full
-fine-tuning, the adapters under LoRA. The generator's side: `train/disaggregated.py`.
+fine-tuning, the adapters under LoRA. The generator's side: `train/loop/disaggregated.py`.
 """
 
 from __future__ import annotations

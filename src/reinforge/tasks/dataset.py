@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 
-from reinforge.config_data import DatasetTaskConfig
+from reinforge.config.data import DatasetTaskConfig
 from reinforge.data.source import DatasetTasks, load_dataset_tasks
 from reinforge.metrics import console
 

@@ -1,0 +1,501 @@
+"""The configuration: pydantic sections and one root per command (here, the import point), the
+`[algorithm]` union (`algorithm`), task sections (`tasks`, `data`, `envs`, `rewards`), loading
+with strict keys and overrides (`load`), a saved run's config for resume (`resume`) and the
+reference generator (`docs`). It may import `errors`, `types` and the pure parts' tables
+(`algorithms`, `data`), never torch, so `--help` and config errors are instant.
+
+Typed configuration: one root model per command, loaded from TOML plus `section.key=value`
+overrides, validated once.
+
+Every field carries a docstring (it becomes the field's description and the generated config
+reference), bounds, and a default that works. Unknown or misplaced keys are refused with the
+closest valid key and, when the key belongs to another section, the section to move it to.
+
+This module defines the roots and the sections of run, model, stages and logging, and is the
+place to import any of it from: the task sections and their union (config/tasks.py, with
+config/data.py and config/envs.py), `[algorithm]` and its presets (config/algorithm.py), and
+loading, key checking and `to_toml` (config/load.py) are imported here.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from reinforge.config.algorithm import AlgorithmBase, AlgorithmSection, GRPOAlgorithm, preset_values
+from reinforge.config.base import MAX_SEED, Section
+from reinforge.config.branching import BranchingSection
+from reinforge.config.envs import is_env_task
+from reinforge.config.load import (
+    apply_override,
+    check_keys,
+    format_validation_error,
+    load_config,
+    to_toml,
+)
+from reinforge.config.resilience import FaultsSection, WatchdogSection
+from reinforge.config.tasks import (
+    ArithmeticTaskConfig,
+    CountdownTaskConfig,
+    RandomTokensTaskConfig,
+    TaskConfig,
+)
+
+__all__ = [
+    "ROOTS",
+    "AlgorithmBase",
+    "AlgorithmSection",
+    "ArithmeticTaskConfig",
+    "CheckpointSection",
+    "CountdownTaskConfig",
+    "DistributedSection",
+    "EvalConfig",
+    "EvalRunSection",
+    "EvalSamplingSection",
+    "EvalSection",
+    "LogSection",
+    "LoraSection",
+    "ModelSection",
+    "OptimSection",
+    "RandomTokensTaskConfig",
+    "RolloutSection",
+    "RunSection",
+    "SFTConfig",
+    "SFTOnlySection",
+    "SFTSection",
+    "TaskConfig",
+    "TrainConfig",
+    "TrainSection",
+    "apply_override",
+    "check_keys",
+    "format_validation_error",
+    "load_config",
+    "preset_values",
+    "to_toml",
+]
+
+
+# ----------------------------------------------------------------------------- run / model
+
+
+class RunSection(Section):
+    name: str = "run"
+    """Name of the run; the run directory is `output_dir/name`."""
+    output_dir: str = "runs"
+    """Folder that holds run directories."""
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    """Seed for model init, data order, sampling and dropout, from 0 to 2**32 - 1 (numpy's and
+    torch's seeds, and the per-step seeds derived from it, must fit 64 bits). Same seed, same
+    run (per device)."""
+    device: str = "auto"
+    """`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Weight dtype for training and generation. `auto`: bfloat16 on a GPU that supports it, float32 on CPU."""
+    max_steps: int = Field(60, ge=1, le=10_000_000)
+    """Number of RL (or SFT) optimizer steps to run."""
+    num_threads: int = Field(0, ge=0, le=1024)
+    """CPU threads for torch; 0 keeps torch's default."""
+    overwrite: bool = False
+    """Allow starting a new run in a run directory that already holds one (it is cleared)."""
+
+
+class LoraSection(Section):
+    rank: int = Field(0, ge=0, le=4096)
+    """LoRA rank: train low-rank adapters (PEFT) instead of every weight; 0 = off (full
+    fine-tuning). The KL reference is then the base model with the adapter disabled: no copy."""
+    alpha: float | None = Field(None, gt=0.0)
+    """LoRA scale numerator: the update is alpha / rank * B A. Default: 2 * rank."""
+    dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input."""
+    target_modules: str | list[str] = "all-linear"
+    """Layers that get adapters: "all-linear" (every linear layer but the LM head), a list of
+    module-name suffixes such as ["q_proj", "v_proj"], or a regular expression. Binding to no
+    layer is refused."""
+
+
+class ModelSection(Section):
+    path: str = "builtin:tiny"
+    """A local HF checkpoint folder, a hub name (when online), or `builtin:tiny` (a few-million-parameter
+    Qwen2 model and byte-level tokenizer built offline, random init)."""
+    tokenizer: str | None = None
+    """Tokenizer folder or name when it differs from `path`."""
+    max_context: int | None = Field(None, ge=8)
+    """Override of the context length the preflight checks against (default: the model config's
+    `max_position_embeddings`)."""
+    gradient_checkpointing: bool | Literal["auto"] = "auto"
+    """Recompute activations in the backward pass to save memory: true, false, or "auto" (the
+    memory planner turns it on only when the job does not fit without it)."""
+    lora: LoraSection = LoraSection()
+    """LoRA adapters; rank 0 (the default) trains every weight."""
+
+
+# ----------------------------------------------------------------------------- stages
+
+
+class SFTSection(Section):
+    steps: int = Field(0, ge=0, le=10_000_000)
+    """SFT optimizer steps on the task's reference solutions. In `reinforge train` these run before RL
+    (0 = no SFT stage); `reinforge sft` uses `run.max_steps` instead when this is 0."""
+    batch_size: int = Field(64, ge=1, le=65536)
+    """Examples per SFT step (over all processes under torchrun, each taking an equal share)."""
+    lr: float = Field(3e-3, gt=0, le=1.0)
+    """Peak learning rate of the SFT stage (warmup then cosine to 10%)."""
+    warmup_steps: int = Field(10, ge=0)
+    """Linear warmup steps of the SFT stage."""
+
+
+class RolloutSection(Section):
+    prompts_per_step: int = Field(32, ge=1, le=65536)
+    """Distinct prompts sampled per RL step: the global batch, over all processes under torchrun
+    (each generates for an equal share; the preflight checks the number divides)."""
+    samples_per_prompt: int = Field(8, ge=1, le=1024)
+    """Completions per prompt (the group size of group-relative methods)."""
+    max_new_tokens: int = Field(16, ge=1, le=1_000_000)
+    """Most tokens generated per completion."""
+    temperature: float = Field(1.0, ge=0.0, le=10.0)
+    """Sampling temperature (0 = greedy). Trainer logprobs use the same temperature."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
+    top_k: int = Field(0, ge=0)
+    """Keep the k most likely tokens (0 = off)."""
+    min_p: float = Field(0.0, ge=0.0, lt=1.0)
+    """Drop tokens whose probability is below min_p times the top token's (0 = off)."""
+    stop_strings: list[str] = []
+    """Extra strings that end a completion (the tokenizer's EOS always does)."""
+    ignore_eos: bool = False
+    """Generate max_new_tokens for every completion, past EOS and stop strings (benchmarks: every
+    step does the same work)."""
+    env_workers: int = Field(32, ge=1, le=1024)
+    """Threads that run a turn's env steps at once (tool calls, sandboxed code, game moves, a
+    user env's step): a tool that waits 50 ms costs one wait per turn, not one per episode. 1 runs
+    them one by one (for an env whose step is not safe to call from several threads)."""
+    max_concurrent_agents: int = Field(64, ge=1, le=4096)
+    """Agent tasks (`[task] name = "agent"`): agent calls running at once; their requests are
+    batched into engine calls together (docs/agents.md)."""
+    engine: Literal["auto", "paged", "simple"] = "auto"
+    """Generation engine for rollouts and validation: "paged" (continuous batching over a paged KV
+    cache, one prefill per group's prompt, CUDA graphs on a GPU; Qwen2/2.5, Qwen3 and Llama models,
+    LoRA included), "simple" (the model's own forward; any causal LM), or "auto" (paged where the
+    architecture is supported, else simple with a warning). Both read the trainer's weights in
+    place."""
+    kv_cache_bytes: int | None = Field(None, ge=1)
+    """Size of the paged engine's KV page pool in bytes. Unset: the memory planner chooses it
+    (room for the whole step's rollout when it fits beside training; `--dry-run` shows it). Set:
+    the planner plans around it, and refuses a value that does not fit."""
+    continuous_episodes: bool = False
+    """Multi-turn env tasks on the paged engine: each episode goes back to generation as soon as
+    its env step returns, while others still run theirs (no barrier per turn), and its reply is
+    appended to its sequence in the KV pool instead of the whole history prefilled again.
+    Greedy: the same ids as turn by turn; sampled: other draws (noise keyed per episode)."""
+    branching: BranchingSection = BranchingSection()
+    """Entropy-adaptive branching (ARPO): see [rollout.branching]."""
+
+    @model_validator(mode="after")
+    def _branching_fits_the_budget(self) -> RolloutSection:
+        b = self.branching
+        if b.enabled and b.initial_samples > self.samples_per_prompt:
+            raise ValueError(
+                f"rollout.branching.initial_samples={b.initial_samples} exceeds the budget "
+                f"rollout.samples_per_prompt={self.samples_per_prompt}; set initial_samples to "
+                f"at most {self.samples_per_prompt} (ARPO's toy run: 2 of 4)"
+            )
+        return self
+
+
+class OptimSection(Section):
+    lr: float = Field(1e-4, gt=0.0, le=1.0)
+    """Peak learning rate (AdamW)."""
+    weight_decay: float = Field(0.0, ge=0.0)
+    """AdamW decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas."""
+    eps: float = Field(1e-8, gt=0.0)
+    """AdamW epsilon."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warmup steps."""
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    """Learning-rate schedule after warmup."""
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    """Final learning rate as a fraction of `lr` for cosine and linear schedules."""
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    """Clip the global gradient norm to this value."""
+    state_dtype: Literal["float32", "bfloat16"] = "float32"
+    """dtype of AdamW's two moment estimates. float32 (8 bytes per parameter) also with bfloat16
+    weights, which are updated from the float32 step; bfloat16 halves that memory at the cost of
+    precision. LoRA adapters are float32 and keep float32 states either way."""
+
+
+class TrainSection(Section):
+    micro_batch_tokens: int | None = Field(None, ge=8, le=10_000_000)
+    """Token budget of one packed micro-batch (prompt + completion tokens of the sequences it
+    holds, no padding); gradients accumulate over a step's micro-batches. Default: the memory
+    planner's choice (`--dry-run` prints it)."""
+    micro_batch_size: int | None = Field(None, ge=1, le=65536)
+    """Deprecated: micro-batches are packed by tokens. When set (and micro_batch_tokens is not),
+    the planner's budget is capped at micro_batch_size x (longest prompt + max_new_tokens), the
+    memory bound it gave before; preflight says so. Set micro_batch_tokens instead, or neither."""
+    share_prompts: bool = True
+    """Sequences of a micro-batch with the same prompt (a GRPO group's samples) run the prompt
+    once: each completion attends to that one copy. Same values and gradients as running every
+    sequence whole (tested), fewer tokens: 8 samples of a 30-token prompt with 5-token answers
+    are 70 tokens instead of 280. false runs every sequence whole (to compare)."""
+    compile: bool | Literal["auto"] = "auto"
+    """torch.compile each decoder layer (dynamic shapes) for the trainer's forward and backward:
+    true, false, or "auto" (on CUDA for full fine-tuning; not with LoRA, whose PEFT layers took
+    80 s to compile for a 10% faster update on the 0.5B shape; not on a CPU, where compiling
+    costs a short run more than it saves). The first step pays the compile time. Measured on
+    G1 (0.5B shape, full fine-tune, H100): the training phase 2.98 -> 2.15 s per step."""
+    non_finite: Literal["skip", "crash"] = "skip"
+    """What a step whose gradient holds NaN or infinity does: "skip" (count it in the metric
+    `nonfinite_skipped`, leave parameters and optimizer state untouched, go on; the run fails
+    after train.max_consecutive_non_finite such steps in a row) or "crash" (fail at once, exit
+    code 1). Either way a non-finite state is never checkpointed."""
+    max_consecutive_non_finite: int = Field(3, ge=1, le=10_000)
+    """Skipped non-finite steps in a row after which the run fails (train.non_finite = "skip")."""
+
+
+class EvalSamplingSection(Section):
+    """How held-out tasks are scored: `[eval]` of `reinforge eval`, and the part of training's
+    `[eval]` that the same code reads."""
+
+    num_tasks: int | None = Field(None, ge=1)
+    """Held-out tasks to score, the first ones (default: all of them)."""
+    max_new_tokens: int | None = Field(None, ge=1)
+    """Generation budget per sample. Default: `rollout.max_new_tokens` in `reinforge train` and
+    in `reinforge eval` of a run; 32 in `reinforge sft`; 512 otherwise."""
+    samples_per_task: int = Field(1, ge=1, le=1024)
+    """Samples per task (n): pass@k is reported for k = 1, 2, 4, ... up to n, and mean@n."""
+    temperature: float = Field(0.0, ge=0.0, le=10.0)
+    """Sampling temperature; 0 decodes greedily (one sample per task is then enough)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p."""
+
+    @model_validator(mode="after")
+    def _samples_differ(self) -> EvalSamplingSection:
+        if self.samples_per_task > 1 and self.temperature == 0.0:
+            raise ValueError(
+                f"eval.samples_per_task = {self.samples_per_task} with eval.temperature = 0 "
+                "gives identical greedy samples; set eval.temperature = 0.6 (or 1.0) for "
+                "pass@k, or eval.samples_per_task = 1"
+            )
+        return self
+
+
+class EvalSection(EvalSamplingSection):
+    before_train: bool = True
+    """Validate before training starts (validate_before_train): held-out accuracy, and in SFT the
+    validation loss. In `reinforge train` this is before RL, after any SFT stage."""
+    every: int = Field(0, ge=0)
+    """Also validate every N steps (validate_every; 0 = only before and after)."""
+    headroom_tasks: int = Field(32, ge=0)
+    """`reinforge train`: at each evaluation, also sample rollout.samples_per_prompt (k) answers
+    of the first this many held-out tasks at the rollout's temperature and log
+    `eval_sampled_pass@1`, `eval_sampled_pass@k` and `eval_headroom` (sampled pass@k minus the
+    evaluation's pass@1 on those tasks): what RL can still sharpen. 32 tasks x 8 samples took 0.6 s beside
+    2.1 s for the greedy 200 (builtin:tiny, the quickstart's task, a CPU thread: a group's prompt
+    is prefilled once) and measure headroom to about +-8 points; 0 turns it off."""
+
+
+class CheckpointSection(Section):
+    every: int = Field(20, ge=0)
+    """Save every N steps (0 = only at the end and on a signal)."""
+    keep_last: int = Field(2, ge=1)
+    """Step checkpoints kept on disk (older ones are deleted)."""
+    async_save: bool = False
+    """Write periodic checkpoints in a background thread: training waits only while the weights,
+    optimizer and state are copied to host memory (which needs that much free RAM), never for the
+    disk, and cannot change the copy being written. Saves on a stop signal and at the end are
+    synchronous, so they are durable before the process exits. Under torchrun with several
+    processes every save is synchronous (a sharded save is collective)."""
+    on_damaged: Literal["previous", "error"] = "previous"
+    """What a resume does when the latest checkpoint's files differ from the hashes saved with
+    them (a flipped bit, a truncated or missing file): "previous" reports the damage, keeps the
+    damaged folder as `damaged-NAME` and resumes from the newest intact earlier checkpoint;
+    "error" stops (exit code 1), naming the damage and the checkpoint "previous" would take."""
+
+
+class DistributedSection(Section):
+    mode: Literal["colocated", "disaggregated"] = "colocated"
+    """How the processes of a torchrun launch share the work (ignored in a single process):
+    "colocated": every process generates for its share of a step's prompts and trains (FSDP2,
+    the global batch's loss); "disaggregated": the last rank only generates, with its own copy
+    of the weights, while the other processes train; the trainers broadcast the weights to it after each
+    optimizer step and it generates ahead meanwhile, so a step trains on samples from weights
+    up to distributed.rollout_staleness steps old. The sampler/trainer mismatch is reported as
+    `kl_sampler`; algorithm.tis_cap corrects for it (set it, e.g. 2.0)."""
+    rollout_staleness: int | None = None
+    """The disaggregated mode only: how many optimizer steps the generator may run ahead of the
+    trainers (k). It keeps up to k sampled rollouts queued, each tagged with the weights that
+    sampled it, so step s trains on samples from the weights of step s - 1 - k at the oldest
+    (logged per step: `rollout_staleness`, `rollout_weights_step`). 0: the generator waits for
+    each step's weights before sampling, on-policy (the colocated run's numbers, no overlap);
+    1 (the default in the disaggregated mode): generation overlaps training; 2 or more absorb
+    uneven rollout times, at more staleness. Correct for it with algorithm.tis_cap and/or
+    algorithm.mis_low / mis_high (docs/algorithms.md, "Off-policy by k steps"). Queued rollouts
+    are not saved: a resumed run samples its first rollout from the checkpoint's weights."""
+
+    @model_validator(mode="after")
+    def _staleness_fits_the_mode(self) -> DistributedSection:
+        k = self.rollout_staleness
+        if k is not None and k < 0:
+            raise ValueError(
+                f"distributed.rollout_staleness = {k}: it counts the optimizer steps the generator "
+                "may run ahead of the trainers; set 0 (on-policy) or 1 (overlap generation "
+                "with training)"
+            )
+        if k and self.mode != "disaggregated":
+            raise ValueError(
+                f"distributed.rollout_staleness = {k} needs distributed.mode = 'disaggregated' "
+                f"(mode is {self.mode!r}): only a separate generator rank can sample ahead of "
+                "the trainers; the colocated mode always samples with the current weights. "
+                "Set distributed.mode = 'disaggregated' (under torchrun with 2 or more "
+                "processes), or remove distributed.rollout_staleness"
+            )
+        return self
+
+    @property
+    def staleness(self) -> int:
+        """rollout_staleness resolved: 1 in the disaggregated mode unless set, else 0."""
+        if self.rollout_staleness is not None:
+            return self.rollout_staleness
+        return 1 if self.mode == "disaggregated" else 0
+
+    strategy: Literal["auto", "fsdp", "replicate"] = "auto"
+    """How the training processes hold the model (ignored in a single process): "replicate":
+    every process holds the whole model, its gradients and optimizer states, as one process
+    would, and the gradients are averaged over the processes once per optimizer step (float32
+    all-reduce, in buckets): no per-layer gathers, hooks or sharded optimizer, so the fastest
+    where it fits; "fsdp": FSDP2 shards the weights, gradients and optimizer states over the
+    processes (a model that fits no single GPU). "auto": replicate when the memory planner finds
+    it fits without checkpointing, KV-pool or micro-batch sacrifices that FSDP would avoid, else
+    FSDP (`--dry-run` shows its choice)."""
+    accumulate_unsharded: Literal["auto"] | bool = "auto"
+    """Under FSDP, within an optimizer step: keep every layer's weights gathered from the first
+    micro-batch to the last and add the micro-batches' gradients up unsharded (float32),
+    reduce-scattering them across processes once per step (true), or gather each layer and
+    reduce its gradients at every micro-batch (false: least memory). true costs, per process,
+    the rest of the weights (gathered) and 4 bytes per parameter (the float32 gradient sum), and
+    saves a gather, a reduction and their host work per layer and micro-batch. "auto": the
+    memory planner turns it on when it fits beside the rest of the training peak (`--dry-run`
+    shows its choice). Ignored in a single process."""
+    collective_timeout_s: float = Field(900.0, gt=0.0, le=604_800.0)
+    """Seconds one collective (an all-reduce, a broadcast, a barrier) may wait for the other
+    processes before the run fails with a message naming it (torch's own default is 30
+    minutes). It covers what one process does while the others wait: rank 0 writing a
+    checkpoint, a node downloading the model the others have cached; raise it for very large
+    models. A frozen or lost process is named sooner, by the heartbeat. Ignored in a single
+    process."""
+    heartbeat_timeout_s: float = Field(60.0, ge=0.0, le=604_800.0)
+    """Every process beats through the job's store several times within this many seconds; a
+    process that misses them all for this long (frozen, or its node gone) is named by the
+    others, which stop with exit code 6 (checkpoints intact; resume on any number of nodes).
+    Independent of training progress (the watchdog watches that). 0 = off."""
+    rendezvous_timeout_s: float = Field(300.0, gt=0.0, le=604_800.0)
+    """Seconds `reinforge launch` lets the nodes meet (torchrun's --rdzv-conf join_timeout for
+    c10d, timeout for the static rendezvous; torchrun's own default is 10 minutes); a node that
+    waits longer fails with a message listing what to check. An explicit --rdzv-conf wins."""
+
+
+class LogSection(Section):
+    tensorboard: bool = True
+    """Write TensorBoard event files under the run directory."""
+    wandb: bool = False
+    """Log to Weights & Biases when installed (offline unless WANDB_API_KEY is set)."""
+    wandb_project: str = "reinforge"
+    """W&B project name."""
+    samples_per_step: int = Field(4, ge=0)
+    """Rollouts written to samples.jsonl each step."""
+    plot: bool = True
+    """Write a PNG of reward and accuracy curves at each checkpoint and at the end."""
+
+
+# ----------------------------------------------------------------------------- roots
+
+
+class TrainConfig(Section):
+    """`reinforge train`: an optional SFT stage, then RL."""
+
+    run: RunSection = RunSection()
+    model: ModelSection = ModelSection()
+    task: TaskConfig = ArithmeticTaskConfig()
+    sft: SFTSection = SFTSection()
+    rollout: RolloutSection = RolloutSection()
+    algorithm: AlgorithmSection = GRPOAlgorithm()
+    optim: OptimSection = OptimSection()
+    train: TrainSection = TrainSection()
+    eval: EvalSection = EvalSection()
+    checkpoint: CheckpointSection = CheckpointSection()
+    log: LogSection = LogSection()
+    watchdog: WatchdogSection = WatchdogSection()
+    faults: FaultsSection = FaultsSection()
+    distributed: DistributedSection = DistributedSection()
+
+    @model_validator(mode="after")
+    def _algorithm_fits_rollout(self) -> TrainConfig:
+        a, budget = self.algorithm, self.rollout.max_new_tokens
+        if a.overlong_buffer > budget:
+            origin = a.origins()["overlong_buffer"]
+            raise ValueError(
+                f"algorithm.overlong_buffer = {a.overlong_buffer} ({origin}) is longer than "
+                f"rollout.max_new_tokens = {budget}: the penalty ramps over the last "
+                f"overlong_buffer tokens of the budget; set algorithm.overlong_buffer = "
+                f"{max(budget // 5, 1)} (a fifth of the budget, the paper's proportion) or 0 "
+                "to turn it off"
+            )
+        if a.overlong_buffer and is_env_task(self.task):
+            raise ValueError(
+                f"algorithm.overlong_buffer = {a.overlong_buffer} ({a.origins()['overlong_buffer']}) "
+                "shapes single completions by their length, but task.name = "
+                f"{self.task.name!r} runs multi-turn episodes (rollout.max_new_tokens is each "
+                "turn's budget, task.max_context the episode's); set algorithm.overlong_buffer = 0"
+            )
+        return self
+
+
+class SFTOnlySection(SFTSection):
+    steps: int = Field(200, ge=1, le=10_000_000)
+    """SFT optimizer steps."""
+
+
+class SFTConfig(Section):
+    """`reinforge sft`: supervised fine-tuning on a task's reference solutions."""
+
+    needs_task_answers: ClassVar[bool] = False  # SFT trains on solutions; answers only score
+
+    run: RunSection = RunSection()
+    model: ModelSection = ModelSection()
+    task: TaskConfig = ArithmeticTaskConfig()
+    sft: SFTOnlySection = SFTOnlySection()
+    optim: OptimSection = OptimSection()
+    train: TrainSection = TrainSection()
+    eval: EvalSection = EvalSection()
+    checkpoint: CheckpointSection = CheckpointSection()
+    log: LogSection = LogSection()
+    watchdog: WatchdogSection = WatchdogSection()
+    faults: FaultsSection = FaultsSection()
+
+
+class EvalRunSection(Section):
+    seed: int = Field(0, ge=0, le=MAX_SEED)
+    """Seed of sampling (when eval.temperature > 0) and of a dataset's held-out draw, from 0 to
+    2**32 - 1."""
+    device: str = "auto"
+    """`auto` (CUDA when available, else CPU), `cpu`, `cuda` or `cuda:N`."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Weight dtype. `auto`: bfloat16 on a GPU that supports it, float32 on CPU."""
+    num_threads: int = Field(0, ge=0, le=1024)
+    """CPU threads for torch; 0 keeps torch's default."""
+
+
+class EvalConfig(Section):
+    """`reinforge eval MODEL`: score a model, checkpoint or run on held-out tasks or data files:
+    pass@k (unbiased), mean@n, accuracy by data_source, response lengths, truncation rate; a
+    table and a JSON file. Evaluating a run starts from the run's own `[task]` and `[eval]`."""
+
+    run: EvalRunSection = EvalRunSection()
+    task: TaskConfig = ArithmeticTaskConfig()
+    eval: EvalSamplingSection = EvalSamplingSection()
+
+
+ROOTS: dict[str, type[Section]] = {"train": TrainConfig, "sft": SFTConfig, "eval": EvalConfig}

@@ -1,0 +1,169 @@
+"""One optimizer step on the step's batch: packed micro-batches of the policy loss (and the value
+loss), gradient accumulation, clipping, the step.
+
+Every micro-batch's loss is already divided by the whole step's token and sequence counts
+(`algorithms.losses`), so the accumulated gradient is the configured aggregate whatever the
+micro-batching; metrics follow the same rule and are summed. On policy with one update per batch
+the old logprobs are this forward's own, detached (`algorithm.old_logprobs = "trainer"`).
+
+In a distributed run the counts are the global step's (all ranks), each rank backpropagates its
+loss times the world size (FSDP, or a replica's once-a-step reduction, averages gradients over
+ranks), and the summed metrics are summed
+over ranks too: the step is the single-process step of the same global batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from reinforge.algorithms.losses import LossInputs
+from reinforge.algorithms.mismatch import mismatch_kl
+from reinforge.algorithms.value import clipped_value_loss
+from reinforge.config import TrainConfig
+from reinforge.distributed import (
+    accumulation,
+    clip_grad_norm,
+    in_lockstep,
+    loss_scale,
+    reduce_metrics,
+)
+from reinforge.train.loop.advantage_step import StepBatch
+from reinforge.train.loop.diagnostics import clip_fractions, measure_policy_change
+from reinforge.train.loop.learner import Learner
+from reinforge.train.packing.forward import completion_rows, micro_batches
+from reinforge.train.policy.moe import begin_micro_batch, router_aux_loss
+from reinforge.train.policy.optim import advance_schedule
+from reinforge.train.policy.value import head_values
+
+
+def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[str, float]:
+    optimizer = learner.optimizer
+    totals: dict[str, float] = {}
+    optimizer.zero_grad(set_to_none=True)
+    model = learner.policy.model
+    memory = learner.policy.setup.memory  # the run's plan (`train.planner.memory`)
+    batches = micro_batches(
+        batch.prompts,
+        batch.completions,
+        memory.micro_batch_tokens,
+        cfg.train.share_prompts,
+        in_lockstep(model),
+    )
+    unsharded = memory.accumulate_unsharded
+    with accumulation(model, unsharded) as before:
+        for i, idx in enumerate(batches):
+            before(last=i == len(batches) - 1)
+            for key, value in micro_step(cfg, learner, batch, idx).items():
+                totals[key] = combine(key, totals.get(key), float(value))
+    # each rank's terms are divided by the global counts: over the ranks they add up
+    extremes = {k for k in totals if k.endswith(("_min", "_max"))}
+    totals = reduce_metrics(
+        totals,
+        summed=set(totals) - extremes,
+        maxed={k for k in extremes if k.endswith("_max")},
+        minned={k for k in extremes if k.endswith("_min")},
+    )
+    totals.update(optimizer_step(cfg, learner))
+    totals.update(measure_policy_change(cfg, learner, batch, batches))  # one no-grad forward
+    return totals
+
+
+def combine(key: str, total: float | None, value: float) -> float:
+    """A metric over micro-batches: extremes (`*_min`, `*_max`) by min and max, the rest (terms
+    already divided by the step's counts) by sum."""
+    if total is None:
+        return value
+    if key.endswith("_min"):
+        return min(total, value)
+    if key.endswith("_max"):
+        return max(total, value)
+    return total + value
+
+
+def micro_step(
+    cfg: TrainConfig, learner: Learner, batch: StepBatch, idx: list[int]
+) -> dict[str, torch.Tensor]:
+    """Forward, loss and backward of one micro-batch; returns its share of the step's metrics."""
+    a, algorithm = cfg.algorithm, learner.algorithm
+    begin_micro_batch(learner.policy.model, a.router_aux_coef)
+    rows = completion_rows(
+        learner.policy.model,
+        [batch.prompts[i] for i in idx],
+        [batch.completions[i] for i in idx],
+        cfg.rollout.temperature or 1.0,
+        with_hidden=learner.value_head is not None,
+        share_prompts=cfg.train.share_prompts,
+    )
+    width = rows.logprobs_ST.shape[1]
+    device = rows.logprobs_ST.device
+
+    def take(step_BT: torch.Tensor | None) -> torch.Tensor | None:
+        return None if step_BT is None else step_BT[idx, :width].to(device)
+
+    mask_ST, sampler_ST = take(batch.mask_BT), take(batch.sampler_BT)
+    advantages = batch.advantages
+    assert advantages is not None, "advantages are assigned before the update"
+    inputs = LossInputs(
+        logprobs_BT=rows.logprobs_ST,
+        old_logprobs_BT=rows.logprobs_ST.detach() if a.old_logprobs == "trainer" else sampler_ST,
+        advantages_B=advantages[idx].to(device) if advantages.dim() == 1 else take(advantages),
+        mask_BT=mask_ST,
+        num_tokens_total=batch.num_tokens,
+        num_seqs_total=batch.num_seqs,
+        ref_logprobs_BT=take(batch.ref_BT),
+        entropy_BT=rows.entropy_ST,
+        sampler_logprobs_BT=sampler_ST,
+        token_sum_norm=float(cfg.rollout.max_new_tokens),
+    )
+    loss, metrics = algorithm.policy_loss(inputs, algorithm.settings)
+    metrics.update(clip_fractions(inputs, algorithm.settings))
+    metrics["loss"] = loss.detach()
+    if learner.value_head is not None:
+        value_loss, value_metrics = clipped_value_loss(
+            head_values(learner.value_head, rows.hidden_STH),
+            take(batch.old_values_BT),
+            take(batch.returns_BT),
+            mask_ST,
+            batch.num_tokens,
+            a.value_clip or None,
+        )
+        loss = loss + value_loss  # the head reads detached hidden states: separate gradients
+        metrics.update(value_metrics)
+    aux = router_aux_loss(learner.policy.model, a.router_aux_coef)
+    if aux is not None:  # per micro-batch, weighted by its share of the step's sequences
+        aux = aux * (len(idx) / len(batch.completions))
+        loss = loss + aux
+        metrics["router_aux_loss"] = aux.detach()
+    (loss * loss_scale()).backward()
+    metrics["kl_sampler"] = mismatch_kl(sampler_ST, rows.logprobs_ST, mask_ST, batch.num_tokens)
+    return metrics
+
+
+def optimizer_step(cfg: TrainConfig, learner: Learner) -> dict[str, float]:
+    """Clip (policy and value head separately), step unless a gradient is not finite or is
+    zero, advance the schedule.
+
+    A zero gradient (every advantage 0 and no KL or entropy term: a batch whose groups all
+    scored alike, as once a policy solves every task) carries no information, yet AdamW would
+    still move every weight along its momentum (about ten steps' worth, summed, after the last
+    real gradient). Measured on configs/tool_calc.toml: a policy that had just reached reward
+    1.0 broke its tool call in one such step, and every group then scoring 0 alike, it never
+    recovered."""
+    max_norm = cfg.optim.max_grad_norm
+    grad_norm = clip_grad_norm(learner.policy.model.parameters(), max_norm)
+    metrics = {"grad_norm": grad_norm}
+    is_finite = math.isfinite(grad_norm)
+    has_gradient = grad_norm > 0.0
+    if learner.value_head is not None:
+        value_norm = torch.nn.utils.clip_grad_norm_(learner.value_head.parameters(), max_norm)
+        metrics["value_grad_norm"] = float(value_norm)
+        is_finite = is_finite and math.isfinite(metrics["value_grad_norm"])
+        has_gradient = has_gradient or metrics["value_grad_norm"] > 0.0
+    if is_finite and has_gradient:
+        learner.optimizer.step()
+    metrics["nonfinite_skipped"] = 0.0 if is_finite else 1.0  # parameters untouched
+    learner.optimizer.zero_grad(set_to_none=True)
+    advance_schedule(learner.scheduler)
+    return metrics

@@ -1,0 +1,332 @@
+"""Padding-free packing: micro-batches by token budget (here and `plan`), the packed attention
+paths (`attention`), the packed forward (`forward`) and the chunked LM-head logprobs
+(`logprobs`). It may import `engine` (the varlen kernels), `distributed` and below; nothing else
+in `train`.
+
+Padding-free packing: variable-length sequences in token-budgeted micro-batches, and the
+forward of one packed micro-batch through a HF causal LM.
+
+Contract
+- `pack(seqs, max_tokens)` splits a step's sequences (prompt ids + completion ids) into as few
+  micro-batches as the token budget allows, balanced by token count, and lays each out as ONE row
+  of concatenated tokens: no padding anywhere, `position_ids` restart at 0 per sequence and
+  `cu_segments` marks the boundaries. A sequence is never split.
+- Shared prompts: sequences with the same prompt ids (a GRPO group's n samples) are planned into
+  one micro-batch where they fit and hold the prompt ONCE: the prompt is a segment of its own and
+  each completion a segment that attends to the prompt's keys and then its own (positions go on
+  from the prompt's). A group of 8 samples of a 30-token prompt and 5-token answers is 70 tokens
+  instead of 280; values and gradients equal those of the sequences run one by one (the prompt's
+  hidden states are the same in every copy; their gradients add up). Exact equality of the prompt
+  ids is what counts: nothing is assumed about groups.
+- Per-token data lives in the "K layout": the micro-batch's completion tokens, sequence after
+  sequence (K = their total). `target_positions_K[k]` is the row position whose output predicts
+  completion token k (the target at position t is token t + 1), so the LM head
+  runs on K positions only, never on prompts. `targets_K`, `mask_K` (the loss mask) and every
+  per-token extra (e.g. the sampler's logprobs) share this layout; per-sequence extras (e.g. the
+  advantage) are `[S]`.
+- `unpack(x_K, batch)` gives each sequence its values back; `batch.rows(x_K)` lays them out as
+  right-padded `[S, T]` rows (T = longest completion), the shape `algorithms.losses` takes.
+- `packed_logprobs(model, batch, temperature)` is the forward: final hidden states of the row,
+  then the chunked LM head of `train.packing.logprobs` on the K target positions. Tests check it against
+  full logits over right-padded rows (`tests/padded_reference.py`).
+
+Which sequences share a micro-batch is `train.packing.plan`'s (plain Python over lengths).
+Attention stays inside each segment's keys: `train.packing.attention` (the implementations, the
+kernels, the masks); `packed_attention_kwargs` hands a micro-batch's boundaries to them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from reinforge.errors import ConfigError
+from reinforge.train.packing.attention import (
+    KEY_INDEX_KWARG,
+    MASK_IMPLEMENTATIONS,
+    VARLEN_IMPLEMENTATIONS,
+    Segments,
+    segment_mask,
+)
+from reinforge.train.packing.logprobs import (
+    DEFAULT_CHUNK_SIZE,
+    chunked_logprobs,
+    final_hidden_states,
+    lm_head_weight,
+)
+from reinforge.train.packing.plan import plan_shared_micro_batches
+
+
+@dataclass(frozen=True)
+class PackSequence:
+    """One sequence to train on. `loss_mask`, and every list in `token_values`, has one entry per
+    completion token (a multi-turn trajectory masks its environment tokens with 0)."""
+
+    prompt_ids: Sequence[int]
+    completion_ids: Sequence[int]
+    loss_mask: Sequence[float] | None = None  # None: every completion token counts
+    token_values: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    seq_values: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+
+@dataclass
+class PackedBatch:
+    """One micro-batch: a single row of L tokens holding S sequences with K completion tokens.
+
+    Attention runs over G segments of the row. A sequence whose prompt no other sequence of the
+    micro-batch shares is one segment (prompt + completion, keys = itself, causal). Sequences
+    that share a prompt (a GRPO group) hold it once: the prompt is a segment of its own, and each
+    completion is a segment whose keys are the prompt's tokens followed by its own, causal with
+    the diagonal aligned to the last key. `key_index_J` lists each segment's keys as row
+    positions, segment after segment (None: no prompt is shared, every segment's keys are its
+    own tokens and `cu_keys_G1` is `cu_segments_G1`)."""
+
+    input_ids_L: torch.Tensor  # [L] long
+    position_ids_L: torch.Tensor  # [L] long: a token's position in its own sequence
+    cu_segments_G1: torch.Tensor  # [G+1] int32, row offsets of the attention segments
+    max_segment: int  # the longest segment (queries)
+    target_positions_K: torch.Tensor  # [K] long: the row position that predicts token k
+    targets_K: torch.Tensor  # [K] long
+    mask_K: torch.Tensor  # [K] float, the loss mask
+    values_K: dict[str, torch.Tensor]  # per-token extras, [K] float each
+    seq_values_S: dict[str, torch.Tensor]  # per-sequence extras, [S] float each
+    rows_index_ST: torch.Tensor  # [S, T] long: index into K of row s, column j (0 where padded)
+    rows_valid_ST: torch.Tensor  # [S, T] bool
+    num_completion_tokens: tuple[int, ...]  # per sequence
+    indices: tuple[int, ...]  # each sequence's index in the list given to `pack`
+    key_index_J: torch.Tensor | None = None  # [J] long: row positions of each segment's keys
+    cu_keys_G1: torch.Tensor | None = None  # [G+1] int32, offsets into key_index_J
+    max_keys: int = 0  # the most keys of one segment (= max_segment when nothing is shared)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids_L.numel())
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.indices)
+
+    @property
+    def mask_ST(self) -> torch.Tensor:
+        return self.rows(self.mask_K)
+
+    def rows(self, x_K: torch.Tensor) -> torch.Tensor:
+        """Per-token values as right-padded [S, T] rows (zeros past each completion); keeps grad."""
+        gathered_ST = x_K[self.rows_index_ST]
+        return torch.where(self.rows_valid_ST, gathered_ST, torch.zeros_like(gathered_ST))
+
+    def to(self, device) -> PackedBatch:
+        moved = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                value = value.to(device)
+            elif isinstance(value, dict):
+                value = {k: v.to(device) for k, v in value.items()}
+            moved[f.name] = value
+        return PackedBatch(**moved)
+
+
+def unpack(x_K: torch.Tensor, batch: PackedBatch) -> list[torch.Tensor]:
+    """Per-token values back per sequence: one [num_completion_tokens] tensor each."""
+    return list(torch.split(x_K, list(batch.num_completion_tokens)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Laying out one micro-batch
+
+
+def pack(
+    seqs: Sequence[PackSequence],
+    max_tokens: int,
+    min_micro_batches: int = 1,
+    share_prompts: bool = True,
+) -> list[PackedBatch]:
+    """The step's sequences as packed micro-batches (CPU tensors; move each with `.to(device)`)."""
+    plan = plan_shared_micro_batches(
+        [s.prompt_ids for s in seqs],
+        [len(s.completion_ids) for s in seqs],
+        max_tokens,
+        min_micro_batches,
+        share_prompts,
+    )
+    return [pack_one(seqs, indices, share_prompts) for indices in plan]
+
+
+def pack_one(
+    seqs: Sequence[PackSequence], indices: Sequence[int], share_prompts: bool = True
+) -> PackedBatch:
+    """Lay out sequences `indices` of `seqs` as one packed row (see `PackedBatch`); sequences
+    with equal prompt ids share one copy of the prompt unless `share_prompts` is False."""
+    chosen = [seqs[i] for i in indices]
+    value_names = _common_keys([s.token_values for s in chosen])
+    seq_names = _common_keys([s.seq_values for s in chosen])
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for j, s in enumerate(chosen):
+        assert len(s.prompt_ids) >= 1, "a sequence needs a prompt token to predict its first one"
+        groups.setdefault(tuple(s.prompt_ids) if share_prompts else (j,), []).append(j)
+    ids: list[int] = []
+    positions: list[int] = []
+    cu = [0]
+    keys: list[list[range]] = []  # per segment: its keys' row positions
+    targets_of: list[list[int]] = [[] for _ in chosen]  # per sequence: its target positions
+    shared = False
+    for members in groups.values():
+        first = chosen[members[0]]
+        num_prompt = len(first.prompt_ids)
+        if len(members) == 1:  # one segment: prompt + completion, keys = itself
+            start = len(ids)
+            ids.extend(first.prompt_ids)
+            ids.extend(first.completion_ids)
+            positions.extend(range(len(ids) - start))
+            cu.append(len(ids))
+            keys.append([range(start, len(ids))])
+            last = start + num_prompt - 1
+            targets_of[members[0]] = list(range(last, last + len(first.completion_ids)))
+            continue
+        shared = True
+        prompt = range(len(ids), len(ids) + num_prompt)
+        ids.extend(first.prompt_ids)
+        positions.extend(range(num_prompt))
+        cu.append(len(ids))
+        keys.append([prompt])
+        for j in members:
+            completion = chosen[j].completion_ids
+            if not completion:
+                continue
+            start = len(ids)
+            # the first token is predicted from the prompt's last position, the rest from the
+            # completion's own
+            targets_of[j] = [prompt[-1], *range(start, start + len(completion) - 1)]
+            ids.extend(completion)
+            positions.extend(range(num_prompt, num_prompt + len(completion)))
+            cu.append(len(ids))
+            keys.append([prompt, range(start, len(ids))])
+    target_positions = [t for targets in targets_of for t in targets]
+    mask: list[float] = []
+    values: dict[str, list[float]] = {name: [] for name in value_names}
+    for s in chosen:
+        num_completion = len(s.completion_ids)
+        loss_mask = [1.0] * num_completion if s.loss_mask is None else list(s.loss_mask)
+        assert len(loss_mask) == num_completion, "one loss-mask entry per completion token"
+        mask.extend(loss_mask)
+        for name in value_names:
+            assert len(s.token_values[name]) == num_completion, f"{name}: one per completion token"
+            values[name].extend(s.token_values[name])
+    counts = [len(s.completion_ids) for s in chosen]
+    width = max(counts, default=0)
+    offsets = torch.tensor([0, *counts]).cumsum(0)[:-1]
+    columns_T = torch.arange(width)
+    valid_ST = columns_T[None, :] < torch.tensor(counts)[:, None]
+    index_ST = torch.where(valid_ST, offsets[:, None] + columns_T[None, :], 0)
+    cu_G1 = torch.tensor(cu, dtype=torch.int32)
+    max_segment = int(cu_G1.diff().max()) if len(cu) > 1 else 0
+    key_index_J = cu_keys_G1 = None
+    max_keys = max_segment
+    if shared:
+        key_index_J = torch.tensor([k for ranges in keys for r in ranges for k in r])
+        sizes = [sum(len(r) for r in ranges) for ranges in keys]
+        cu_keys_G1 = torch.tensor([0, *itertools.accumulate(sizes)], dtype=torch.int32)
+        max_keys = int(cu_keys_G1.diff().max())
+    return PackedBatch(
+        input_ids_L=torch.tensor(ids, dtype=torch.long),
+        position_ids_L=torch.tensor(positions, dtype=torch.long),
+        cu_segments_G1=cu_G1,
+        max_segment=max_segment,
+        target_positions_K=torch.tensor(target_positions, dtype=torch.long),
+        targets_K=torch.tensor([t for s in chosen for t in s.completion_ids], dtype=torch.long),
+        mask_K=torch.tensor(mask, dtype=torch.float32),
+        values_K={k: torch.tensor(v, dtype=torch.float32) for k, v in values.items()},
+        seq_values_S={
+            k: torch.tensor([s.seq_values[k] for s in chosen], dtype=torch.float32)
+            for k in seq_names
+        },
+        rows_index_ST=index_ST,
+        rows_valid_ST=valid_ST,
+        num_completion_tokens=tuple(counts),
+        indices=tuple(indices),
+        key_index_J=key_index_J,
+        cu_keys_G1=cu_keys_G1,
+        max_keys=max_keys,
+    )
+
+
+def _common_keys(dicts: list[Mapping]) -> list[str]:
+    names = sorted(dicts[0]) if dicts else []
+    assert all(sorted(d) == names for d in dicts), "every sequence carries the same extras"
+    return names
+
+
+# ---------------------------------------------------------------------------------------------
+# The forward of a packed micro-batch
+
+
+def packed_logprobs(
+    model, batch: PackedBatch, temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob and entropy of each completion token, [K] float32 each, both with grad."""
+    hidden_LH = packed_hidden_states(model, batch)
+    hidden_KH = hidden_LH.index_select(0, batch.target_positions_K)
+    return chunked_logprobs(
+        hidden_KH, lm_head_weight(model), batch.targets_K, temperature, chunk_size
+    )
+
+
+def packed_hidden_states(model, batch: PackedBatch) -> torch.Tensor:
+    """Final (normed) hidden states of the packed row, [L, H]; no logits are computed."""
+    hidden_1LH = final_hidden_states(
+        model,
+        batch.input_ids_L[None],
+        position_ids=batch.position_ids_L[None],
+        **packed_attention_kwargs(model, batch),
+    )
+    return hidden_1LH[0]
+
+
+def packed_attention_kwargs(model, batch: PackedBatch) -> dict:
+    """What keeps attention inside each segment, for the model's attention implementation."""
+    implementation = model.config._attn_implementation
+    length = batch.num_tokens
+    device = batch.input_ids_L.device
+    if implementation in VARLEN_IMPLEMENTATIONS:
+        shared = batch.key_index_J is not None
+        return {
+            # All ones: transformers sees no padding and builds no mask; the kernel gets the
+            # boundaries from cu_seq_lens.
+            "attention_mask": torch.ones(1, length, dtype=torch.long, device=device),
+            "cu_seq_lens_q": batch.cu_segments_G1,
+            "cu_seq_lens_k": batch.cu_keys_G1 if shared else batch.cu_segments_G1,
+            "max_length_q": batch.max_segment,
+            "max_length_k": batch.max_keys,
+            KEY_INDEX_KWARG: batch.key_index_J,
+        }
+    if implementation not in MASK_IMPLEMENTATIONS:
+        raise ConfigError(
+            f"the model's attention implementation {implementation!r} is not supported for packed "
+            f"training; load the model with attn_implementation='sdpa' (or call "
+            f"select_packed_attention(model) on CUDA)"
+        )
+    allowed_11LL = segment_mask(batch_segments(batch), length, device)[None, None]
+    if implementation == "sdpa":
+        return {"attention_mask": allowed_11LL}
+    dtype = next(model.parameters()).dtype
+    additive = torch.zeros(allowed_11LL.shape, dtype=dtype, device=device)
+    return {"attention_mask": additive.masked_fill_(~allowed_11LL, torch.finfo(dtype).min)}
+
+
+def batch_segments(batch: PackedBatch) -> Segments:
+    shared = batch.key_index_J is not None
+    return Segments(
+        cu_q_G1=batch.cu_segments_G1,
+        max_q=batch.max_segment,
+        cu_k_G1=batch.cu_keys_G1 if shared else batch.cu_segments_G1,
+        max_k=batch.max_keys,
+        key_index_J=batch.key_index_J,
+    )

@@ -1,0 +1,124 @@
+"""The trainer's one forward: per-token logprobs of completions, through packed micro-batches.
+
+A micro-batch's sequences are packed into one row with no padding (`train.packing`: attention
+stays inside each sequence; the samples of one prompt hold the prompt once), the decoder runs
+once, and the LM head runs in chunks on the completion positions only (`train.packing.logprobs`), so no
+[tokens, vocab] logits ever exist. `micro_batches` splits a step into micro-batches of at most
+`train.micro_batch_tokens` tokens, balanced by token count, a group's samples together.
+
+Rows layout: row s holds sequence s's completion tokens left-aligned, zeros past its end, [S, T]
+with T the longest completion of the micro-batch. The step's per-token data (loss mask, sampler
+logprobs, reference logprobs, values, advantages) are kept in the same layout for the whole step
+([B, T_step], see `advantage_step.StepBatch`), so a micro-batch takes its rows with
+`step_BT[indices, :T]` and the losses never see prompts or padding.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from reinforge.distributed import PACKED_FORWARD, in_lockstep, max_over_ranks
+from reinforge.train.packing import (
+    PackedBatch,
+    PackSequence,
+    pack_one,
+    packed_hidden_states,
+)
+from reinforge.train.packing.logprobs import chunked_logprobs, lm_head_weight
+from reinforge.train.packing.plan import plan_shared_micro_batches
+
+
+@dataclass
+class Rows:
+    logprobs_ST: torch.Tensor  # float32, with grad when the forward had it
+    entropy_ST: torch.Tensor  # float32, with grad when the forward had it
+    valid_ST: torch.Tensor  # bool: a completion token (False past each completion's end)
+    hidden_STH: torch.Tensor | None  # final hidden states at the positions predicting each token
+
+
+def micro_batches(
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    max_tokens: int,
+    share_prompts: bool = True,
+    lockstep: bool = True,
+) -> list[list[int]]:
+    """Indices of the sequences in each micro-batch (each sorted), at most `max_tokens` tokens
+    per micro-batch, a group's shared prompt counted once (its sequences are kept together where
+    they fit); a sequence longer than that is a `ConfigError` naming the setting. `lockstep`
+    (`distributed.in_lockstep` of the model: FSDP): as many micro-batches on every rank."""
+    lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
+    completion_lengths = [len(c) for c in completions]
+    plan = plan_shared_micro_batches(
+        prompts, completion_lengths, max_tokens, share_prompts=share_prompts
+    )
+    return equal_micro_batches(plan, lengths) if lockstep else plan
+
+
+def equal_micro_batches(batches: list[list[int]], lengths: Sequence[int]) -> list[list[int]]:
+    """`batches`, split further until every rank has as many as the rank with the most: under
+    FSDP each forward is a collective (a rank with fewer would wait forever). The largest
+    micro-batch is split in two, by tokens; every rank holds the same number of sequences, so
+    there are always enough to split. One process: unchanged."""
+    want = max_over_ranks(len(batches))
+    batches = [list(b) for b in batches]
+    while len(batches) < want:
+        splittable = [b for b in batches if len(b) > 1]
+        assert splittable, "fewer sequences on this rank than micro-batches on another"
+        largest = max(splittable, key=lambda b: sum(lengths[i] for i in b))
+        batches.remove(largest)
+        prefix_tokens = list(itertools.accumulate(lengths[i] for i in largest))
+        cut = bisect.bisect_left(prefix_tokens, prefix_tokens[-1] / 2) + 1
+        cut = min(cut, len(largest) - 1)  # both halves keep a sequence
+        batches += [largest[:cut], largest[cut:]]
+    return batches
+
+
+def completion_rows(
+    model,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    temperature: float,
+    with_hidden: bool = False,
+    share_prompts: bool = True,
+) -> Rows:
+    """Logprob and entropy of each completion token under `model` (and the final hidden states
+    for a value head), as completion rows; the sequences form one packed micro-batch."""
+    device = next(model.parameters()).device
+    seqs = [PackSequence(p, c) for p, c in zip(prompts, completions)]
+    batch = pack_one(seqs, range(len(seqs)), share_prompts).to(device)
+    # An FSDP-sharded model runs the same function as a registered forward method, which gathers
+    # the root's parameters (the LM head among them) around it.
+    forward = getattr(model, PACKED_FORWARD, None)
+    if forward is not None:
+        hidden_KH, logprobs_K, entropy_K = forward(batch, temperature)
+    else:
+        hidden_KH, logprobs_K, entropy_K = packed_logprobs(model, batch, temperature)
+    return Rows(
+        batch.rows(logprobs_K),
+        batch.rows(entropy_K),
+        batch.rows_valid_ST,
+        hidden_KH[batch.rows_index_ST] if with_hidden else None,
+    )
+
+
+def packed_logprobs(model, batch: PackedBatch, temperature: float):
+    """(final hidden states at the target positions [K, H], logprob [K], entropy [K]) of the
+    packed row's targets."""
+    hidden_LH = packed_hidden_states(model, batch)
+    hidden_KH = hidden_LH.index_select(0, batch.target_positions_K)
+    # one process or a replica: the head gradient goes straight into .grad (no [V, H] buffer
+    # beside the layers' backward); under FSDP2 the gathered weight's gradient is FSDP's to reduce
+    logprobs_K, entropy_K = chunked_logprobs(
+        hidden_KH,
+        lm_head_weight(model),
+        batch.targets_K,
+        temperature,
+        weight_grad_in_place=not in_lockstep(model),
+    )
+    return hidden_KH, logprobs_K, entropy_K
