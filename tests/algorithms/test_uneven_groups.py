@@ -165,3 +165,20 @@ def test_uneven_shares_across_ranks_use_the_global_batch(tmp_path):
     got = torch.cat([torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)])
     want = torch.tensor(HAND["grpo", "batch"], dtype=torch.float32)
     assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_an_agent_episode_split_into_segments_is_one_sample_of_its_group():
+    """Episode A (reward 1) in three segments and B (reward 0) in one, in one group: GRPO sees
+    two samples, [1, 0] (mean 1/2, unbiased std 1/sqrt(2)), so A's three segments each get
+    +1/sqrt(2) and B gets -1/sqrt(2); counting segments as samples would give [1, 1, 1, 0]."""
+    task = Task("t", (), "")
+    completion = Completion([1, 2], [-0.5, -0.5], "stop")
+    trajs = [
+        Trajectory(task, [1], completion, reward=r, segment=s)
+        for r, s in [(1.0, 0), (1.0, 1), (1.0, 2), (0.0, 0)]
+    ]
+    a = load_config(TrainConfig, None, ["algorithm.name=grpo", "algorithm.kl_coef=0"]).algorithm
+    batch = build_step_batch([Group(task, trajs)], a, "cpu")
+    assign_advantages(batch, Algorithm(a), max_new_tokens=8)
+    half = 1 / math.sqrt(2)
+    assert batch.advantages.tolist() == pytest.approx([half, half, half, -half], abs=1e-4)

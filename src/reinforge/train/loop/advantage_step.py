@@ -113,16 +113,30 @@ class GroupEstimator:
         self.fn, self.scale, self.eps = ADVANTAGES[a.advantage], a.scale_rewards, a.advantage_eps
 
     def __call__(self, rewards_B: torch.Tensor, batch: StepBatch) -> None:
-        all_B, first = gather_flat(rewards_B)  # batch statistics are the global batch's
-        sizes, _ = gather_flat(torch.tensor(batch.group_sizes))
-        advantages_B = self.fn(all_B, self.scale, self.eps, group_sizes=sizes.tolist())
-        batch.advantages = advantages_B[first : first + len(rewards_B)]
+        # An agent's episode split into segments (Trajectory.segment) is one sample of its group:
+        # the estimator sees each episode once, and its segments share the episode's advantage.
+        episode_B = torch.tensor([t.segment == 0 for t in batch.trajs]).cumsum(0) - 1
+        assert int(episode_B[0]) == 0, "a step's first trajectory starts an episode"
+        starts = [i for i, t in enumerate(batch.trajs) if t.segment == 0]
+        episode_sizes = [
+            sum(t.segment == 0 for t in group) for group in _split(batch.trajs, batch.group_sizes)
+        ]
+        all_E, first = gather_flat(rewards_B[starts])  # batch statistics: the global batch's
+        sizes, _ = gather_flat(torch.tensor(episode_sizes))
+        advantages_E = self.fn(all_E, self.scale, self.eps, group_sizes=sizes.tolist())
+        batch.advantages = advantages_E[first : first + len(starts)][episode_B]
 
     def state_dict(self) -> dict:
         return {}
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+
+def _split(items: list, sizes: list[int]) -> list[list]:
+    """`items` cut into consecutive runs of `sizes`."""
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [items[a : a + n] for a, n in zip(starts, sizes)]
 
 
 def gather_flat(values: torch.Tensor) -> tuple[torch.Tensor, int]:
