@@ -34,12 +34,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
-from episodes_bench import TEMPLATE, ToolTurnsEnv, tasks_of  # noqa: E402
+from episodes_bench import ToolTurnsEnv, add_workload_args, load_shape, tasks_of  # noqa: E402
 
-from reinforge.engine.paged import PagedEngine  # noqa: E402
 from reinforge.envs.agent_task import AgentEnv, AgentTasks, check_agent_extra  # noqa: E402
 from reinforge.envs.env_tasks import EnvTasks, EpisodeScorer  # noqa: E402
-from reinforge.models.loading import load_model, load_tokenizer, model_source  # noqa: E402
 from reinforge.rewards.mix import RewardSpec  # noqa: E402
 from reinforge.rollout.agents import endpoint_for, play_agents  # noqa: E402
 from reinforge.rollout.sampling import sampling_params  # noqa: E402
@@ -92,13 +90,7 @@ def run(label, fn) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", default="qwen2.5-0.5b")
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--samples", type=int, default=8)
-    parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--prompt-len", type=int, default=256)
-    parser.add_argument("--turn-tokens", type=int, default=128)
-    parser.add_argument("--tool-latency", type=float, default=0.05)
-    parser.add_argument("--kv-gib", type=float, default=20.0)
+    add_workload_args(parser, prompts=8, kv_gib=20.0)
     parser.add_argument("--sync", action="store_true", help="a sync agent on threads")
     parser.add_argument("--cpu-kv-mib", type=float, default=0.0, help="fixed KV pool on a CPU")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
@@ -107,14 +99,8 @@ def main() -> None:
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    source = model_source(f"shape:{HERE / 'shapes' / args.shape}.json", 0)
-    tok = load_tokenizer(source)
-    tok.chat_template = TEMPLATE
-    model = load_model(source, device, dtype).eval()
-    kv = int(args.kv_gib * 2**30) if device.type == "cuda" else None
-    if device.type == "cpu" and args.cpu_kv_mib:  # a fixed pool: the continuous mode on a CPU
-        kv = int(args.cpu_kv_mib * 2**20)
-    engine = PagedEngine(model, tok, kv_cache_bytes=kv)
+    cpu_kv = int(args.cpu_kv_mib * 2**20) or None  # a fixed pool: the continuous mode on a CPU
+    tok, model, engine = load_shape(args.shape, device, dtype, args.kv_gib, cpu_kv)
     tasks = tasks_of(args.prompts, args.prompt_len, model.config.vocab_size)
     n, episodes = args.samples, args.prompts * args.samples
     params = sampling_params(

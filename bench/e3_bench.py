@@ -34,10 +34,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 sys.path.insert(0, str(HERE))
 
-from episodes_bench import TEMPLATE, ToolTurnsEnv, tasks_of  # noqa: E402
+from episodes_bench import ToolTurnsEnv, add_workload_args, load_shape, tasks_of  # noqa: E402
 
-from reinforge.engine.paged import PagedEngine  # noqa: E402
-from reinforge.models.loading import load_model, load_tokenizer, model_source  # noqa: E402
 from reinforge.rollout import episodes  # noqa: E402
 from reinforge.rollout.branching import Branching  # noqa: E402
 from reinforge.rollout.continuous import LoopStats, run_continuous  # noqa: E402
@@ -119,12 +117,7 @@ def summary(groups, seconds, generated, busy, peak, prefill, branches=0, filled=
 
 
 def bench_shape(shape: str, args, device, dtype) -> dict:
-    source = model_source(f"shape:{HERE / 'shapes' / shape}.json", 0)
-    tok = load_tokenizer(source)
-    tok.chat_template = TEMPLATE
-    model = load_model(source, device, dtype).eval()
-    kv = int(args.kv_gib * 2**30) if device.type == "cuda" else None
-    engine = PagedEngine(model, tok, kv_cache_bytes=kv)
+    tok, model, engine = load_shape(shape, device, dtype, args.kv_gib)
     env = ToolTurnsEnv(args.turns, args.tool_latency)
     params = sampling_params(
         tok, max_new_tokens=args.turn_tokens, temperature=1.0, n=args.samples, ignore_eos=True
@@ -188,15 +181,9 @@ def print_table(shape: str, results: dict, args, device_name: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="qwen2.5-0.5b,qwen2.5-7b")
-    parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--samples", type=int, default=8)
+    add_workload_args(parser, prompts=64, kv_gib=40.0)
     parser.add_argument("--initial", type=int, default=4, help="branching: initial samples")
     parser.add_argument("--branch-size", type=int, default=2)
-    parser.add_argument("--turns", type=int, default=3)
-    parser.add_argument("--prompt-len", type=int, default=256)
-    parser.add_argument("--turn-tokens", type=int, default=128)
-    parser.add_argument("--tool-latency", type=float, default=0.05)
-    parser.add_argument("--kv-gib", type=float, default=40.0)
     parser.add_argument("--env-workers", type=int, default=32)
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     args = parser.parse_args()

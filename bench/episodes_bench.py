@@ -129,28 +129,40 @@ def run(engine, tok, env_tasks, tasks, args, share: bool) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="qwen2.5-0.5b")
-    parser.add_argument("--prompts", type=int, default=64)
+def add_workload_args(parser, prompts: int, kv_gib: float) -> None:
+    """The multi-turn workload's settings, shared by the episode benches (this one, e3_bench,
+    agents_bench)."""
+    parser.add_argument("--prompts", type=int, default=prompts)
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--turn-tokens", type=int, default=128)
     parser.add_argument("--tool-latency", type=float, default=0.05)
-    parser.add_argument("--kv-gib", type=float, default=20.0)
+    parser.add_argument("--kv-gib", type=float, default=kv_gib)
+
+
+def load_shape(shape: str, device, dtype, kv_gib: float, cpu_kv_bytes: int | None = None):
+    """(tokenizer with the benches' chat template, random-weight model of `bench/shapes/<shape>`,
+    its paged engine): a `kv_gib` pool on a GPU, `cpu_kv_bytes` (None: grown per call) on a CPU."""
+    source = model_source(f"shape:{HERE / 'shapes' / shape}.json", 0)
+    tok = load_tokenizer(source)
+    tok.chat_template = TEMPLATE
+    model = load_model(source, device, dtype).eval()
+    kv = int(kv_gib * 2**30) if device.type == "cuda" else cpu_kv_bytes
+    return tok, model, PagedEngine(model, tok, kv_cache_bytes=kv)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="qwen2.5-0.5b")
+    add_workload_args(parser, prompts=64, kv_gib=20.0)
     parser.add_argument("--env-workers", type=int, default=32, help="threads for env steps")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     args = parser.parse_args()
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    source = model_source(f"shape:{HERE / 'shapes' / args.shape}.json", 0)
-    tok = load_tokenizer(source)
-    tok.chat_template = TEMPLATE
-    model = load_model(source, device, dtype).eval()
-    kv = int(args.kv_gib * 2**30) if device.type == "cuda" else None
-    engine = PagedEngine(model, tok, kv_cache_bytes=kv)
+    tok, model, engine = load_shape(args.shape, device, dtype, args.kv_gib)
     env = ToolTurnsEnv(args.turns, args.tool_latency)
     env_tasks = EnvTasks(env.name, None, env, EpisodeScorer([RewardSpec("env")], ()), ())
     tasks = tasks_of(args.prompts, args.prompt_len, model.config.vocab_size)
