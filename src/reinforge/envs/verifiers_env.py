@@ -150,7 +150,7 @@ def _no_client():
             return None
 
         async def _refuse(self, *args, **kwargs):
-            raise NotImplementedError(
+            raise RuntimeError(  # a refusal by design: the episode fails, counted (env_errors)
                 "this verifiers environment asks its client for a response inside a turn; "
                 "reinforge samples the turns itself, so it cannot be played (docs/libraries.md)"
             )
