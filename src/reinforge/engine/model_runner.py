@@ -199,7 +199,11 @@ class ModelRunner:
         """The pool (and the graphs' buffers) again after `release`; a no-op otherwise."""
         if self.kv_cache is not None:
             return
-        self.kv_cache = self._new_pool(self._num_blocks)
+        try:
+            self.kv_cache = self._new_pool(self._num_blocks)
+        except torch.OutOfMemoryError:  # the update's freed blocks, cached but split: return them
+            torch.cuda.empty_cache()
+            self.kv_cache = self._new_pool(self._num_blocks)
         self._new_graphs()
 
     def grow_pool(self, num_blocks: int) -> None:
