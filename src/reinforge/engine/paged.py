@@ -66,6 +66,7 @@ class PagedEngine:
         self.max_num_batched_tokens = max_num_batched_tokens
         self._stats = GenerationStats()
         self.fallback: SimpleEngine | None = None
+        self.lora_generation = "adapters"  # "merged" or "adapters", resolved below
         reason = unsupported_reason(model)
         if reason is not None:
             warnings.warn(
