@@ -101,10 +101,10 @@ def merged_bytes(model) -> int:
 def resolve_mode(
     mode: str, model, kv_cache_bytes: int | None, free_bytes: int | None, reserve_bytes: int
 ) -> str:
-    """ "merged" or "adapters" for `mode` without a memory plan. "auto": merged off CUDA
+    """The mode ("merged" or "adapters") for `mode` without a memory plan. "auto": merged off CUDA
     (`free_bytes` None: host memory), and on CUDA when the copy fits in the free memory beside a
     given KV pool and the reserve, or, with no pool size given (the pool then takes the rest),
-    when it takes at most half of what the pool would get."""
+    when it takes at most half of the memory the pool would otherwise get."""
     if mode not in MODES:
         raise ValueError(f"{SETTING} = {mode!r} is unknown; use one of {list(MODES)}")
     need = merged_bytes(model)
@@ -172,7 +172,7 @@ class MergedAdapters:
                 out.addmm_(b.to(out.dtype), a.to(out.dtype), alpha=layer.scaling[name])
 
     def release(self) -> None:
-        """Free the buffers (between generates, with the KV pool); `refresh` allocates them again."""
+        """Free the buffers (between generates, with the KV pool); `refresh` builds them again."""
         self.weights.clear()
         self.key = None
 

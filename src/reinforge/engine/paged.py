@@ -92,7 +92,8 @@ class PagedEngine:
         )
 
     def _lora_mode(self, mode: str, kv_cache_bytes: int | None, num_blocks: int | None) -> str:
-        """ "merged" or "adapters" (`lora_merge.resolve_mode`; the free memory read on CUDA)."""
+        """The LoRA generation mode to run (`lora_merge.resolve_mode`; reads the free memory on
+        CUDA)."""
         device = next(self.model.parameters()).device
         free = reserve = None
         if mode == "auto" and device.type == "cuda":
