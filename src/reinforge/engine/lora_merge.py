@@ -1,6 +1,7 @@
 """LoRA generation over a merged copy: W_gen = W_base + scaling * B @ A per adapted projection,
 built once per change of the weights, so a decode step runs plain linear layers instead of
-base + scaling * B(A(x)) (three products per projection: 196 small ones per step on a 7B).
+base + scaling * B(A(x)) (two small products beside each base product, on every one of the 196
+adapted projections of a 7B with "all-linear").
 
 `MergedAdapters` holds one buffer per adapted projection that the dense forward reads (attention
 q/k/v/o, a dense MLP's gate/up/down, the LM head), in the engine's dtype; every other weight is
@@ -19,7 +20,7 @@ A layer whose adapter is disabled (`with peft_model.disable_adapter():`, the KL 
 merged by PEFT into its base weight is read through the adapters path (`lora_forward.linear`),
 which then reads the base weights alone; the copy is left as it is and never touches the base.
 Not merged (they stay on the adapters path): LoRA layers with a bias on A or B (PEFT's
-`lora_bias`), and a MoE model's shared-expert projections (`engine.moe` reads them).
+`lora_bias`), and a mixture of experts' MLP (experts, router, shared expert: `engine.moe`).
 
 Modes (`MODES`): "merged", "adapters" (the unmerged path), or "auto", which a trainer's memory
 planner resolves (`train.planner`); without a plan, `resolve_mode` decides from the free memory.
