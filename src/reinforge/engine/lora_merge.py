@@ -125,6 +125,8 @@ class MergedAdapters:
     def __init__(self, model):
         self.layers = mergeable_layers(model)
         self.weights: dict[int, torch.Tensor] = {}  # id(layer) -> W_gen, once built
+        # what this generate reads: the enabled layers' copies (set by `refresh`)
+        self.reading: dict[int, torch.Tensor] = {}
         self.key: tuple | None = None  # what the weights were built from
         self.num_builds = 0
         _register_optimizer_hook()
@@ -135,8 +137,8 @@ class MergedAdapters:
 
     def linear(self, x: torch.Tensor, proj: Any) -> torch.Tensor:
         """`lora_forward.linear`, with an enabled, mergeable layer read from its merged copy."""
-        weight = self.weights.get(id(proj))
-        if weight is None or proj.disable_adapters or proj.merged:
+        weight = self.reading.get(id(proj))
+        if weight is None:
             return linear(x, proj)
         return F.linear(x, weight, proj.base_layer.bias)
 
@@ -145,19 +147,21 @@ class MergedAdapters:
         return tuple(w.data_ptr() for w in self.weights.values())
 
     def refresh(self) -> bool:
-        """Build the copy again if the weights may have changed since the last build (in place
-        into the same buffers); True if it did. Skipped while every layer's adapter is off."""
-        if all(layer.disable_adapters or layer.merged for layer in self.layers):
-            return False
-        key = self._source_key()
-        if key == self.key and len(self.weights) == len(self.layers):
-            return False
-        # normal tensors even under a caller's inference_mode: they are written again later
-        with torch.inference_mode(False), torch.no_grad():
-            self._build()
-        self.key = key
-        self.num_builds += 1
-        return True
+        """Before a generate: build the copy again if the weights may have changed since the
+        last build (in place, into the same buffers), and read it for the layers whose adapter
+        is on; True if it was built. No build while every layer's adapter is off."""
+        enabled = [layer for layer in self.layers if not (layer.disable_adapters or layer.merged)]
+        built = False
+        if enabled:
+            key = self._source_key()
+            if key != self.key or len(self.weights) != len(self.layers):
+                # normal tensors even under a caller's inference_mode: they are written again
+                with torch.inference_mode(False), torch.no_grad():
+                    self._build()
+                self.key, built = key, True
+                self.num_builds += 1
+        self.reading = {id(layer): self.weights[id(layer)] for layer in enabled}
+        return built
 
     def _build(self) -> None:
         for layer in self.layers:
@@ -175,6 +179,7 @@ class MergedAdapters:
     def release(self) -> None:
         """Free the buffers (between generates, with the KV pool); `refresh` builds them again."""
         self.weights.clear()
+        self.reading = {}
         self.key = None
 
     def _source_key(self) -> tuple:
