@@ -192,11 +192,14 @@ class RolloutSection(Section):
     at every decode step, no copy. "auto": merged when the copy fits beside the KV pool the
     memory planner chose (the pool is never shrunk for it), else adapters; the run prints the
     choice and `--dry-run` shows its bytes. See docs/lora.md."""
-    continuous_episodes: bool = False
+    continuous_episodes: bool = True
     """Multi-turn env tasks on the paged engine: each episode goes back to generation as soon as
     its env step returns, while others still run theirs (no barrier per turn), and its reply is
-    appended to its sequence in the KV pool instead of the whole history prefilled again.
-    Greedy: the same ids as turn by turn; sampled: other draws (noise keyed per episode)."""
+    appended to its sequence in the KV pool instead of the whole history prefilled again (E3 on
+    one H200: 2.2x the turn-by-turn loop's tokens/s on a 0.5b shape, 2.7x on a 7b). Greedy: the
+    same ids as turn by turn; sampled: other draws (noise keyed per episode). false: the
+    turn-by-turn loop (a barrier per turn). Single-turn tasks and the simple engine always run
+    turn by turn."""
     branching: BranchingSection = BranchingSection()
     """Entropy-adaptive branching (ARPO): see [rollout.branching]."""
 
