@@ -2,6 +2,7 @@
 `model.generate` on the same randomly initialised model, in the same process, on one GPU.
 
     python bench/engine_bench.py --workload E1 [--workload E2] [--kernels] [--profile]
+    python bench/engine_bench.py --workload E4 --skip-hf --record-routes  # routing replay's cost
 
 Prints tokens/s of both, their ratio, peak memory, and each as a fraction of the memory-bandwidth
 floor (weight bytes + KV bytes read per decode step, over a device copy bandwidth measured in the
@@ -152,12 +153,20 @@ def random_prompts(config, w: Workload) -> list[list[int]]:
     return ids.tolist()
 
 
-def run_reinforge(model, config, w: Workload, prompts, profile: bool) -> dict:
+def run_reinforge(
+    model, config, w: Workload, prompts, profile: bool, record_routes: bool = False
+) -> dict:
     tokenizer = NullTokenizer(config.eos_token_id)
     num_seqs = w.num_prompts * w.n
     torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
-    engine = PagedEngine(model, tokenizer, max_num_seqs=num_seqs, max_num_batched_tokens=8192)
+    engine = PagedEngine(
+        model,
+        tokenizer,
+        max_num_seqs=num_seqs,
+        max_num_batched_tokens=8192,
+        record_routes=record_routes,
+    )
     init_seconds = time.perf_counter() - t
     params = SamplingParams(
         max_new_tokens=w.new_tokens, temperature=1.0, n=w.n, seed=0, ignore_eos=True
@@ -189,6 +198,9 @@ def run_reinforge(model, config, w: Workload, prompts, profile: bool) -> dict:
         "warmup_seconds": warmup_seconds,
         "stats": stats,
     }
+    if record_routes:  # routing replay: the experts of every position, on the host
+        result["routes_gib"] = sum(c.routes.nbytes for g in outputs for c in g) / 2**30
+        log(f"  recorded routes: {result['routes_gib']:.3f} GiB on the host")
     steps = max(1.0, stats["num_decode_steps"])
     result["decode_step_ms"] = {
         phase: 1e3 * stats.get(f"seconds_decode_{phase}", 0.0) / steps
@@ -428,6 +440,11 @@ def run_workload(name: str, args, bw: float, flops: float) -> dict:
         "kv_bytes_per_token": kv_per_token,
         "reinforge": ours,
     }
+    if args.record_routes:  # the same workload recording every token's experts
+        routes = run_reinforge(model, config, w, prompts, False, record_routes=True)
+        result["reinforge_routes"] = routes
+        result["routes_slowdown"] = routes["seconds"] / ours["seconds"]
+        log(f"  recording routes: {result['routes_slowdown']:.3f}x the time without")
     if not args.skip_hf:
         hf = run_hf(model, config, w, prompts)
         hf_floor, hf_roofline, _, _ = floor_seconds(
@@ -463,6 +480,9 @@ def main() -> None:
     parser.add_argument("--hf-batches", type=int, help="HF: time this many batches of 256")
     parser.add_argument("--profile", action="store_true", help="device time by kernel class")
     parser.add_argument("--kernels", action="store_true", help="decode kernel / sampler bench")
+    parser.add_argument(
+        "--record-routes", action="store_true", help="also time it recording routes (MoE)"
+    )
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     args = parser.parse_args()
     out = Path(args.out)

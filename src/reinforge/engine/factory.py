@@ -31,9 +31,11 @@ def build_engine(
     *,
     kv_cache_bytes: int | None = None,
     setting: str = "engine",
+    record_routes: bool = False,
 ) -> Engine:
     """The engine `choice` names over `model`; `setting` is the config key or flag it came from,
-    for error messages."""
+    for error messages. `record_routes`: the paged engine records each token's experts
+    (routing replay; the caller checks that the model is a paged mixture of experts)."""
     from reinforge.engine.paged import PagedEngine
     from reinforge.engine.qwen_forward import unsupported_reason
     from reinforge.engine.simple import SimpleEngine
@@ -44,7 +46,9 @@ def build_engine(
         return SimpleEngine(model, tokenizer)
     reason = unsupported_reason(model)
     if reason is None:
-        return PagedEngine(model, tokenizer, kv_cache_bytes=kv_cache_bytes)
+        return PagedEngine(
+            model, tokenizer, kv_cache_bytes=kv_cache_bytes, record_routes=record_routes
+        )
     if choice == "paged":
         raise ConfigError(
             f"{setting} = 'paged', but {reason}; use {setting} = 'auto' (the simple engine for "

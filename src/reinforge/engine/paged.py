@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from reinforge.engine import moe
 from reinforge.engine.base import GenerationStats, SamplingParams
 from reinforge.engine.block_manager import BlockManager, pages_to_run_at_once
 from reinforge.engine.model_runner import (
@@ -47,13 +48,16 @@ class PagedEngine:
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192,
         use_cuda_graphs: bool | None = None,
+        record_routes: bool = False,
     ):
         """`num_blocks` sets the pool size in pages; otherwise it is what fits in
         `kv_cache_bytes`. With neither: on CUDA, the free memory less a reserve for
         activations; elsewhere the pool grows before each generate to what its sequences need
         at full length (up to `CPU_KV_GROWTH_LIMIT_BYTES`; beyond it they take turns).
         A trainer sharing the device passes the memory planner's budget. `use_cuda_graphs`: None
-        uses them where they work."""
+        uses them where they work. `record_routes` (a mixture-of-experts model): each completion
+        carries the experts every position before its last token was routed to
+        (`Completion.routes`, for routing replay)."""
         self.model = model
         self.tokenizer = tokenizer
         self.block_size = block_size
@@ -79,7 +83,9 @@ class PagedEngine:
             num_blocks = num_blocks_for_budget(
                 model, block_size, kv_cache_bytes, max_num_seqs, max_num_batched_tokens
             )
-        self.runner = ModelRunner(model, num_blocks, block_size, max_num_seqs, use_cuda_graphs)
+        self.runner = ModelRunner(
+            model, num_blocks, block_size, max_num_seqs, use_cuda_graphs, record_routes
+        )
 
     @property
     def num_blocks(self) -> int:
@@ -169,6 +175,9 @@ class PagedEngine:
         start = time.perf_counter()
         token_ids, logprobs = step.result()  # waits for the device
         waited = time.perf_counter()
+        if step.routes is not None:
+            assert step.route_spans is not None
+            moe.record_routes(step.routes, step.route_spans)
         scheduler.commit(step.batch, token_ids, logprobs, finish_reason, step.entropy_values())
         timers.add(step.batch.is_prefill, "wait", waited - start)
         timers.add(step.batch.is_prefill, "commit", time.perf_counter() - waited)
@@ -229,6 +238,9 @@ class PagedEngine:
             logprobs=seq.logprobs,
             finish_reason=seq.finish_reason,
             text=self.tokenizer.decode(seq.output_ids, skip_special_tokens=True),
+            # every position whose output predicts a sampled token (the last token's, never fed
+            # back, is left out)
+            routes=None if seq.routes is None else seq.routes.prefix(seq.num_tokens - 1),
         )
 
     def _record_stats(self, groups, scheduler: Scheduler, start: float, timers: StepTimers):

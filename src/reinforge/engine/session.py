@@ -92,6 +92,7 @@ class EngineSession:
         new = self._new_sequence(seq.token_ids + list(ids), seed, max_new_tokens, entropy_window)
         self.parked.pop(seq.seq_id, None)
         new.block_table, seq.block_table = seq.block_table, []
+        new.routes = seq.routes  # the history's recorded routes (routing replay), taken over too
         # at least one id is computed: its logits give the first sample
         new.num_cached_tokens = min(seq.num_cached_tokens, new.num_tokens - 1)
         seq.num_cached_tokens = 0
@@ -108,6 +109,8 @@ class EngineSession:
         if seq.block_table:
             cached = min(position - 1, seq.num_cached_tokens)
             self.block_manager.share_prefix(seq, child, cached)
+            if seq.routes is not None:
+                child.routes = seq.routes.fork(cached)
         self.scheduler.add([child])
         return child
 

@@ -1,0 +1,202 @@
+"""Routing replay, the trainer's side (tiny random Qwen3-MoE, CPU float32): the packed forward
+sends every token to the experts the engine recorded for it, through shared prompts, packing and
+micro-batches; the gate weights come from the current router, so it keeps its gradient;
+`routing_replay_changed` counts the pairs whose own top-k moved; a GSPO run with
+`algorithm.routing_replay = true` logs it, and a dense model is refused."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from reinforge.engine import moe
+from reinforge.engine.base import SamplingParams
+from reinforge.engine.paged import PagedEngine
+from reinforge.errors import ExitCode
+from reinforge.models.tiny import build_builtin
+from reinforge.train.packing import PackedBatch, PackSequence, pack_one
+from reinforge.train.packing.forward import completion_rows, micro_batches
+from reinforge.train.policy.moe import (
+    begin_micro_batch,
+    install_grouped_moe,
+    replay_metrics,
+    routing_replay_ratio,
+)
+
+from ..conftest import TINY_RUN, cli
+from ..engine.test_moe import PROMPTS, tiny_moe
+from .test_moe_train import save_tiny_moe
+
+
+def position_rows(batch: PackedBatch, j: int, seq: PackSequence) -> list[int]:
+    """Row of each position 0 .. num_tokens - 2 of sequence j of `batch`, from its targets (the
+    row predicting completion token i holds position num_prompt - 1 + i; the prompt is
+    contiguous)."""
+    start = sum(batch.num_completion_tokens[:j])
+    targets = batch.target_positions_K[start : start + len(seq.completion_ids)].tolist()
+    first = targets[0] - (len(seq.prompt_ids) - 1)
+    return [*range(first, first + len(seq.prompt_ids)), *targets[1:]]
+
+
+def assert_aligned(batch: PackedBatch, chosen: list[PackSequence], routes_TNK) -> None:
+    """Every position's routes sit on its token's row; rows of no recorded route hold -1."""
+    covered = set()
+    for j, seq in enumerate(chosen):
+        rows = position_rows(batch, j, seq)
+        tokens = [*seq.prompt_ids, *seq.completion_ids]
+        assert batch.input_ids_L[rows].tolist() == tokens[: len(rows)]
+        if seq.routes is not None:
+            got = routes_TNK[rows].numpy()
+            np.testing.assert_array_equal(got, seq.routes.astype(np.int64))
+            covered |= set(rows)
+    others = [r for r in range(batch.num_tokens) if r not in covered]
+    assert (routes_TNK[others] == -1).all()
+
+
+def test_packing_keeps_routes_with_their_tokens():
+    """Two groups sharing prompts, a prompt alone, a sequence without routes, split into several
+    micro-batches: each sequence's rows carry its routes."""
+    rng = np.random.default_rng(0)
+    seqs = []
+    for group, (num_prompt, size) in enumerate([(5, 3), (7, 3), (4, 1)]):
+        prompt = list(range(10 * group + 1, 10 * group + 1 + num_prompt))
+        prompt_routes = rng.integers(0, 8, (num_prompt, 2, 2), dtype=np.uint8)
+        for k in range(size):
+            completion = [100 + group * 10 + k + i for i in range(3 + k)]
+            own = rng.integers(0, 8, (len(completion) - 1, 2, 2), dtype=np.uint8)
+            routes = np.concatenate([prompt_routes, own])
+            seqs.append(PackSequence(prompt, completion, routes=None if k == 2 else routes))
+    plan = micro_batches([s.prompt_ids for s in seqs], [s.completion_ids for s in seqs], 24)
+    assert len(plan) > 1 and any(len(idx) > 1 for idx in plan)
+    shared = 0
+    for idx in plan:
+        batch = pack_one(seqs, idx)
+        shared += batch.key_index_J is not None
+        assert batch.routes_TNK is not None and batch.routes_TNK.dtype == torch.int16
+        assert_aligned(batch, [seqs[i] for i in idx], batch.routes_TNK)
+    assert shared  # a micro-batch held a shared prompt
+    assert pack_one([PackSequence([1, 2], [3, 4])], [0]).routes_TNK is None
+
+
+@pytest.fixture
+def sampled(tmp_path):
+    """A tiny MoE with the trainer's grouped blocks, and 2 prompts x 2 samples from the engine
+    with routes recorded."""
+    build_builtin("micro", 0, tmp_path / "micro")
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "micro")
+    model = tiny_moe("qwen3_moe", tokenizer).train()
+    install_grouped_moe(model)
+    engine = PagedEngine(model, tokenizer, block_size=4, record_routes=True)
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, n=2, seed=2, ignore_eos=True)
+    outputs = engine.generate(PROMPTS[1:], params)
+    prompts = [p for p, group in zip(PROMPTS[1:], outputs) for _ in group]
+    completions = [c for group in outputs for c in group]
+    return model, prompts, completions
+
+
+def spy_chosen_ids(monkeypatch) -> list[torch.Tensor]:
+    """The ids each sparse block's experts were computed with (the real function runs)."""
+    chosen: list[torch.Tensor] = []
+    real = moe.experts_forward
+
+    def spy(experts, x_TH, ids_TK, weights_TK):
+        chosen.append(ids_TK.detach().clone())
+        return real(experts, x_TH, ids_TK, weights_TK)
+
+    monkeypatch.setattr(moe, "experts_forward", spy)
+    return chosen
+
+
+def replayed_forward(model, prompts, completions, routes):
+    begin_micro_batch(model, 0.0)
+    rows = completion_rows(model, prompts, [c.token_ids for c in completions], 1.0, routes=routes)
+    totals = replay_metrics(model)
+    routing_replay_ratio(totals)
+    return rows, totals
+
+
+def test_replay_routes_to_the_recorded_experts_and_counts_changes(sampled, monkeypatch):
+    model, prompts, completions = sampled
+    routes = [c.routes for c in completions]
+    rows, totals = replayed_forward(model, prompts, completions, routes)
+    assert totals["routing_replay_changed"] == 0.0  # same weights: the same top-k everywhere
+    sampler = torch.zeros_like(rows.logprobs_ST)
+    for b, c in enumerate(completions):
+        sampler[b, : len(c.logprobs)] = torch.tensor(c.logprobs)
+    torch.testing.assert_close(rows.logprobs_ST.detach(), sampler, atol=1e-4, rtol=0)
+
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():  # the trainer's router moves after sampling
+        for layer in model.model.layers:
+            gate = layer.mlp.gate.weight
+            gate.add_(torch.randn(gate.shape, generator=generator) * 2 * gate.std())
+    chosen = spy_chosen_ids(monkeypatch)
+    rows, totals = replayed_forward(model, prompts, completions, routes)
+    assert 0.0 < totals["routing_replay_changed"] < 1.0
+    seqs = [PackSequence(p, c.token_ids, routes=c.routes) for p, c in zip(prompts, completions)]
+    batch = pack_one(seqs, range(len(seqs)))
+    assert len(chosen) == 2 and batch.key_index_J is not None  # 2 sparse layers, shared prompts
+    for layer, ids_TK in enumerate(chosen):
+        for j, seq in enumerate(seqs):
+            position_ids = ids_TK[position_rows(batch, j, seq)].numpy()
+            np.testing.assert_array_equal(position_ids, seq.routes[:, layer])
+
+    rows.logprobs_ST.sum().backward()  # the gate weights are the router's: it gets gradients
+    grads = [layer.mlp.gate.weight.grad.clone() for layer in model.model.layers]
+    for grad in grads:
+        assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+    # activation checkpointing recomputes the blocks in the backward: they replay there too
+    model.zero_grad()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    rows, _ = replayed_forward(model, prompts, completions, routes)
+    rows.logprobs_ST.sum().backward()
+    model.gradient_checkpointing_disable()
+    for layer, grad in zip(model.model.layers, grads):
+        torch.testing.assert_close(layer.mlp.gate.weight.grad, grad)
+    begin_micro_batch(model, 0.0)
+    own = completion_rows(model, prompts, [c.token_ids for c in completions], 1.0)
+    assert replay_metrics(model) == {}  # no routes given: it routes itself, counts nothing
+    assert not torch.allclose(own.logprobs_ST, rows.logprobs_ST.detach())
+
+
+def test_gspo_with_routing_replay_logs_the_changed_share(tmp_path):
+    source = save_tiny_moe(tmp_path / "models")
+    out = cli(
+        "train",
+        *TINY_RUN,
+        f"model.path={source}",
+        "algorithm.name=gspo",
+        "algorithm.routing_replay=true",
+        "algorithm.entropy_coef=0.01",
+        "rollout.prompts_per_step=2",
+        "task.num_eval=4",
+        "eval.before_train=false",
+        "run.max_steps=2",
+        f"run.output_dir={tmp_path / 'runs'}",
+        "run.name=replay",
+    )
+    assert out.returncode == ExitCode.OK, out.stdout + out.stderr
+    rows = (tmp_path / "runs" / "replay" / "metrics.jsonl").read_text().splitlines()
+    changed = [
+        r["routing_replay_changed"] for r in map(json.loads, rows) if "routing_replay_changed" in r
+    ]
+    assert len(changed) == 2 and all(0.0 <= c <= 1.0 for c in changed), changed
+
+
+def test_routing_replay_on_a_dense_model_is_refused(tmp_path):
+    out = cli(
+        "train",
+        *TINY_RUN,
+        "algorithm.routing_replay=true",
+        "run.max_steps=1",
+        f"run.output_dir={tmp_path}",
+    )
+    assert out.returncode != ExitCode.OK
+    assert (
+        "algorithm.routing_replay = true, but the model ('qwen2') is dense"
+        in out.stderr + out.stdout
+    )
