@@ -16,19 +16,26 @@ from transformers import AutoTokenizer
 from reinforge.engine import moe
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.paged import PagedEngine
-from reinforge.errors import ExitCode
+from reinforge.envs.base import EnvState, StepResult
+from reinforge.errors import ConfigError, ExitCode
 from reinforge.models.tiny import build_builtin
+from reinforge.rollout.continuous import run_continuous
+from reinforge.rollout.episodes import EpisodeLimits, run_episodes
+from reinforge.rollout.trajectories import _episode_completion
 from reinforge.train.packing import PackedBatch, PackSequence, pack_one
 from reinforge.train.packing.forward import completion_rows, micro_batches
 from reinforge.train.policy.moe import (
     begin_micro_batch,
+    check_routing_replay,
     install_grouped_moe,
     replay_metrics,
     routing_replay_ratio,
 )
+from reinforge.types import Message, Task
 
 from ..conftest import TINY_RUN, cli
-from ..engine.test_moe import PROMPTS, tiny_moe
+from ..engine.test_moe import FAMILIES, PROMPTS, tiny_moe
+from ..engine.test_routing_replay import hf_routes
 from .test_moe_train import save_tiny_moe
 
 
@@ -82,13 +89,19 @@ def test_packing_keeps_routes_with_their_tokens():
     assert pack_one([PackSequence([1, 2], [3, 4])], [0]).routes_TNK is None
 
 
-@pytest.fixture
-def sampled(tmp_path):
-    """A tiny MoE with the trainer's grouped blocks, and 2 prompts x 2 samples from the engine
-    with routes recorded."""
-    build_builtin("micro", 0, tmp_path / "micro")
-    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "micro")
-    model = tiny_moe("qwen3_moe", tokenizer).train()
+@pytest.fixture(scope="module")
+def micro_tokenizer(tmp_path_factory):
+    path = tmp_path_factory.mktemp("micro") / "model"
+    build_builtin("micro", 0, path)
+    return AutoTokenizer.from_pretrained(path)
+
+
+@pytest.fixture(params=FAMILIES)
+def sampled(micro_tokenizer, request):
+    """A tiny MoE with the trainer's grouped blocks (Qwen3-MoE renormalises its top-k weights,
+    Qwen2-MoE does not), and 2 prompts x 2 samples from the engine with routes recorded."""
+    tokenizer = micro_tokenizer
+    model = tiny_moe(request.param, tokenizer).train()
     install_grouped_moe(model)
     engine = PagedEngine(model, tokenizer, block_size=4, record_routes=True)
     params = SamplingParams(max_new_tokens=8, temperature=1.0, n=2, seed=2, ignore_eos=True)
@@ -124,6 +137,7 @@ def test_replay_routes_to_the_recorded_experts_and_counts_changes(sampled, monke
     routes = [c.routes for c in completions]
     rows, totals = replayed_forward(model, prompts, completions, routes)
     assert totals["routing_replay_changed"] == 0.0  # same weights: the same top-k everywhere
+    # and the same gate weights (renormalised or not, as the config says): the sampler's logprobs
     sampler = torch.zeros_like(rows.logprobs_ST)
     for b, c in enumerate(completions):
         sampler[b, : len(c.logprobs)] = torch.tensor(c.logprobs)
@@ -187,7 +201,7 @@ def test_gspo_with_routing_replay_logs_the_changed_share(tmp_path):
     assert len(changed) == 2 and all(0.0 <= c <= 1.0 for c in changed), changed
 
 
-def test_routing_replay_on_a_dense_model_is_refused(tmp_path):
+def test_routing_replay_on_a_dense_model_is_refused(tmp_path, micro_tokenizer):
     out = cli(
         "train",
         *TINY_RUN,
@@ -200,3 +214,45 @@ def test_routing_replay_on_a_dense_model_is_refused(tmp_path):
         "algorithm.routing_replay = true, but the model ('qwen2') is dense"
         in out.stderr + out.stdout
     )
+    with pytest.raises(ConfigError, match=r'rollout.engine = "simple" records no routes'):
+        check_routing_replay(tiny_moe("qwen3_moe", micro_tokenizer), True, "simple")
+    assert check_routing_replay(tiny_moe("qwen3_moe", micro_tokenizer), True, "auto")
+
+
+class TwoTurns:
+    """Answers the first assistant turn with a user message, ends after the second."""
+
+    name = "two_turns"
+
+    def reset(self, task: Task) -> EnvState:
+        return EnvState(task, list(task.messages))
+
+    def step(self, state: EnvState, assistant: Message) -> StepResult:
+        state.messages.append(assistant)
+        state.turn += 1
+        if state.turn >= 2:
+            return StepResult([], done=True, rewards={"reward": 1.0})
+        reply = [Message("user", "and again?")]
+        state.messages.extend(reply)
+        return StepResult(reply, done=False)
+
+
+@pytest.mark.parametrize("continuous", [False, True])
+def test_multi_turn_trajectories_carry_their_whole_historys_routes(micro_tokenizer, continuous):
+    """Turn by turn (the history prefilled again) or continuous (a session extends the sequence):
+    the trajectory's routes are the router's top-k over its prompt and completion."""
+    tokenizer = micro_tokenizer
+    model = tiny_moe("qwen3_moe", tokenizer)
+    engine = PagedEngine(model, tokenizer, block_size=4, record_routes=True)
+    params = SamplingParams(max_new_tokens=6, temperature=1.0, seed=1)
+    tasks = [Task("t", (Message("user", "say something"),), answer="")]
+    limits = EpisodeLimits(max_turns=3, max_tokens_per_turn=6, max_context=200)
+    run = run_continuous if continuous else run_episodes
+    (episodes,) = run(engine, tokenizer, TwoTurns(), tasks, 2, params, limits, render_tools=False)
+    for e in episodes:
+        assert e.num_turns == 2
+        completion = _episode_completion(tokenizer, e)
+        ids = e.prompt_ids + completion.token_ids
+        routes = completion.routes
+        assert routes.shape[0] == len(ids) - 1  # the last turn ends the episode
+        np.testing.assert_array_equal(np.sort(routes, -1), hf_routes(model, ids)[:-1])

@@ -210,7 +210,7 @@ def _episode_completion(tokenizer, e: Episode) -> Completion:
         loss_mask=mask,
         # the last turn was sampled after the whole history before it: its recorded routes
         # cover every position up to its last token (routing replay)
-        routes=e.turns[-1].routes if e.turns and ids is e.completion_ids else None,
+        routes=e.turns[-1].routes if e.turns else None,
     )
 
 
