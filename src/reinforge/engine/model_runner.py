@@ -270,14 +270,14 @@ class ModelRunner:
         prev_ids: torch.Tensor | None = None,
     ) -> LaunchedStep:
         """Queue the step and its sampling on the device; returns before they run."""
-        # positions this step computes, before the scheduler counts them as cached
-        spans = [(group, group[0].num_cached_tokens, group[0].num_tokens) for group in batch.groups]
+        spans = None
+        if self.route_shape is not None:  # positions computed, before the scheduler caches them
+            spans = [(g, g[0].num_cached_tokens, g[0].num_tokens) for g in batch.groups]
         logits = self.run(batch, prev_ids)
         ids, logprobs = self.sample(batch, logits, params)
         routes = self._routes_to_host()  # queued before `_fetch`'s event
         step = LaunchedStep(batch, ids, *self._fetch(ids, logprobs))
-        if routes is not None:
-            step.routes, step.route_spans = routes, spans
+        step.routes, step.route_spans = routes, spans
         if any(seq.num_output_tokens < seq.entropy_window for seq in batch.seqs):
             step.entropies = self.entropy(batch, logits, params.temperature)
         return step
