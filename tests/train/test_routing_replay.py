@@ -256,3 +256,38 @@ def test_multi_turn_trajectories_carry_their_whole_historys_routes(micro_tokeniz
         routes = completion.routes
         assert routes.shape[0] == len(ids) - 1  # the last turn ends the episode
         np.testing.assert_array_equal(np.sort(routes, -1), hf_routes(model, ids)[:-1])
+
+
+@pytest.mark.gpu
+def test_replay_under_compiled_layers_matches_eager(micro_tokenizer):
+    """train.compile (on by default for full fine-tuning on CUDA) compiles each decoder layer,
+    the sparse block and its replay inside: the same logprobs, router gradients and metric."""
+    from reinforge.train.policy.model import compile_layers
+
+    model = tiny_moe("qwen3_moe", micro_tokenizer).to("cuda", torch.bfloat16).train()
+    install_grouped_moe(model)
+    engine = PagedEngine(model, micro_tokenizer, block_size=4, num_blocks=64, record_routes=True)
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, n=2, seed=2, ignore_eos=True)
+    outputs = engine.generate(PROMPTS[1:], params)
+    prompts = [p for p, group in zip(PROMPTS[1:], outputs) for _ in group]
+    completions = [c for group in outputs for c in group]
+    with torch.no_grad():
+        for layer in model.model.layers:
+            gate = layer.mlp.gate.weight
+            gate.add_(torch.randn_like(gate) * 2 * gate.std())
+    results = []
+    for compiled in (False, True):
+        if compiled:
+            compile_layers(model)
+        model.zero_grad()
+        rows, totals = replayed_forward(
+            model, prompts, completions, [c.routes for c in completions]
+        )
+        rows.logprobs_ST.sum().backward()
+        grads = [layer.mlp.gate.weight.grad.float() for layer in model.model.layers]
+        results.append((rows.logprobs_ST.detach(), totals["routing_replay_changed"], grads))
+    (eager, eager_changed, eager_grads), (got, got_changed, got_grads) = results
+    assert eager_changed > 0 and abs(got_changed - eager_changed) < 0.05  # bfloat16 near-ties
+    torch.testing.assert_close(got, eager, atol=5e-2, rtol=5e-2)
+    for a, b in zip(got_grads, eager_grads):
+        torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
