@@ -257,10 +257,11 @@ def sparse_layer_count(model) -> int:
 class RouteRecord:
     """The experts each position of one sequence was routed to, on the host: [positions, sparse
     layers, k], written as the engine's steps compute positions (a prefill a span, a decode one
-    row; a recomputed position is overwritten), grown by doubling."""
+    row; a recomputed position is overwritten). Allocated for `capacity` positions (the
+    sequence's longest), grown by doubling past it (a session's continued sequence)."""
 
-    def __init__(self, num_layers: int, top_k: int, dtype: np.dtype):
-        self.rows_PNK = np.zeros((0, num_layers, top_k), dtype=dtype)
+    def __init__(self, num_layers: int, top_k: int, dtype: np.dtype, capacity: int = 0):
+        self.rows_PNK = np.zeros((capacity, num_layers, top_k), dtype=dtype)
         self.length = 0  # positions 0 .. length - 1 are written
 
     def write(self, start: int, rows_SNK: np.ndarray) -> None:
@@ -296,7 +297,8 @@ def record_routes(routes_TNK: torch.Tensor, spans: list[tuple[list[Any], int, in
         offset += end - start
         for seq in seqs:
             if seq.routes is None:
-                seq.routes = RouteRecord(*rows_TNK.shape[1:], dtype=rows_TNK.dtype)
+                longest = seq.num_prompt_tokens + seq.params.max_new_tokens
+                seq.routes = RouteRecord(*rows_TNK.shape[1:], rows_TNK.dtype, longest)
             seq.routes.write(start, rows)
     assert offset == rows_TNK.shape[0], "one route row per computed token"
 
