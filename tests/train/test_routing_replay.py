@@ -214,7 +214,9 @@ def test_routing_replay_on_a_dense_model_is_refused(tmp_path, micro_tokenizer):
         "algorithm.routing_replay = true, but the model ('qwen2') is dense"
         in out.stderr + out.stdout
     )
-    with pytest.raises(ConfigError, match=r'rollout.engine = "simple" records no routes'):
+    with pytest.raises(
+        ConfigError, match=r"rollout.engine = 'simple' records none; set rollout.engine = 'auto'"
+    ):
         check_routing_replay(tiny_moe("qwen3_moe", micro_tokenizer), True, "simple")
     assert check_routing_replay(tiny_moe("qwen3_moe", micro_tokenizer), True, "auto")
 

@@ -28,7 +28,6 @@ from functools import partial
 
 import torch
 
-from reinforge.engine.factory import ENGINES
 from reinforge.engine.lora_forward import causal_lm
 from reinforge.engine.moe import REPLAY_ATTRIBUTE, RoutingReplay, is_moe_block, moe_block
 from reinforge.errors import ConfigError
@@ -99,13 +98,14 @@ def check_routing_replay(model, enabled: bool, engine_choice: str) -> bool:
             "has no experts to replay; set algorithm.routing_replay = false (it is for "
             "mixture-of-experts models: qwen3_moe, qwen2_moe)"
         )
+    needs = "algorithm.routing_replay = true needs the paged engine to record each token's experts"
     reason = unsupported_reason(model)
-    if engine_choice == "simple" or reason is not None:
-        why = reason or 'rollout.engine = "simple" records no routes'
+    if reason is not None:
+        raise ConfigError(f"{needs}, but {reason}; set algorithm.routing_replay = false")
+    if engine_choice == "simple":
         raise ConfigError(
-            f"algorithm.routing_replay = true needs the paged engine to record each token's "
-            f"experts, but {why}; set rollout.engine = 'auto' (one of {list(ENGINES)}) or "
-            "algorithm.routing_replay = false"
+            f"{needs}, but rollout.engine = 'simple' records none; set rollout.engine = 'auto' "
+            "(or 'paged'), or algorithm.routing_replay = false"
         )
     return True
 
