@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 from reinforge.engine import moe
 from reinforge.engine.base import SamplingParams
@@ -219,6 +219,9 @@ def test_routing_replay_on_a_dense_model_is_refused(tmp_path, micro_tokenizer):
     ):
         check_routing_replay(tiny_moe("qwen3_moe", micro_tokenizer), True, "simple")
     assert check_routing_replay(tiny_moe("qwen3_moe", micro_tokenizer), True, "auto")
+    dense = Qwen2ForCausalLM(Qwen2Config(vocab_size=320, hidden_size=32, num_hidden_layers=1))
+    with pytest.raises(ConfigError, match=r"routing_replay = true, but the model \('qwen2'\)"):
+        check_routing_replay(dense, True, "auto")  # the loaded model is checked too
 
 
 class TwoTurns:

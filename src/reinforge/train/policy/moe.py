@@ -83,6 +83,14 @@ def grouped_block_forward(
     return out_TH.view_as(hidden_BLH)
 
 
+def dense_refusal(model_type: str) -> str:
+    return (
+        f"algorithm.routing_replay = true, but the model ({model_type!r}) is dense: it has no "
+        "experts to replay; set algorithm.routing_replay = false (it is for mixture-of-experts "
+        "models: qwen3_moe, qwen2_moe)"
+    )
+
+
 def check_routing_replay(model, enabled: bool, engine_choice: str) -> bool:
     """`algorithm.routing_replay` against the model: a dense model, or an engine that cannot
     record routes (`rollout.engine = "simple"`, or a model without the paged forward), is a
@@ -91,13 +99,8 @@ def check_routing_replay(model, enabled: bool, engine_choice: str) -> bool:
         return False
     from reinforge.engine.qwen_forward import unsupported_reason
 
-    config = causal_lm(model).config
     if not sparse_blocks(model):
-        raise ConfigError(
-            f"algorithm.routing_replay = true, but the model ({config.model_type!r}) is dense: it "
-            "has no experts to replay; set algorithm.routing_replay = false (it is for "
-            "mixture-of-experts models: qwen3_moe, qwen2_moe)"
-        )
+        raise ConfigError(dense_refusal(causal_lm(model).config.model_type))
     needs = "algorithm.routing_replay = true needs the paged engine to record each token's experts"
     reason = unsupported_reason(model)
     if reason is not None:
