@@ -3,6 +3,7 @@
 
     python bench/engine_bench.py --workload E1 [--workload E2] [--kernels] [--profile]
     python bench/engine_bench.py --workload E2 --lora 32 --skip-hf   # plain, adapters, merged
+    python bench/engine_bench.py --workload E4 --skip-hf --record-routes  # routing replay's cost
 
 Prints tokens/s of both, their ratio, peak memory, and each as a fraction of the memory-bandwidth
 floor (weight bytes + KV bytes read per decode step, over a device copy bandwidth measured in the
@@ -154,7 +155,13 @@ def random_prompts(config, w: Workload) -> list[list[int]]:
 
 
 def run_reinforge(
-    model, config, w: Workload, prompts, profile: bool, lora_generation: str = "auto"
+    model,
+    config,
+    w: Workload,
+    prompts,
+    profile: bool,
+    lora_generation: str = "auto",
+    record_routes: bool = False,
 ) -> dict:
     tokenizer = NullTokenizer(config.eos_token_id)
     num_seqs = w.num_prompts * w.n
@@ -166,6 +173,7 @@ def run_reinforge(
         max_num_seqs=num_seqs,
         max_num_batched_tokens=8192,
         lora_generation=lora_generation,
+        record_routes=record_routes,
     )
     init_seconds = time.perf_counter() - t
     params = SamplingParams(
@@ -199,6 +207,9 @@ def run_reinforge(
         "lora_generation": engine.lora_generation,
         "stats": stats,
     }
+    if record_routes:  # routing replay: the experts of every position, on the host
+        result["routes_gib"] = sum(c.routes.nbytes for g in outputs for c in g) / 2**30
+        log(f"  recorded routes: {result['routes_gib']:.3f} GiB on the host")
     steps = max(1.0, stats["num_decode_steps"])
     result["decode_step_ms"] = {
         phase: 1e3 * stats.get(f"seconds_decode_{phase}", 0.0) / steps
@@ -460,6 +471,11 @@ def run_workload(name: str, args, bw: float, flops: float) -> dict:
         "kv_bytes_per_token": kv_per_token,
         "reinforge": ours,
     }
+    if args.record_routes:  # the same workload recording every token's experts
+        routes = run_reinforge(model, config, w, prompts, False, record_routes=True)
+        result["reinforge_routes"] = routes
+        result["routes_slowdown"] = routes["seconds"] / ours["seconds"]
+        log(f"  recording routes: {result['routes_slowdown']:.3f}x the time without")
     if args.lora:
         result["lora"] = run_lora(model, config, w, prompts, args.lora)
         for mode in ("adapters", "merged"):
@@ -502,7 +518,13 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="device time by kernel class")
     parser.add_argument("--kernels", action="store_true", help="decode kernel / sampler bench")
     parser.add_argument(
-        "--lora", type=int, metavar="RANK", help="also time a random LoRA adapter, both ways"
+        "--lora",
+        type=int,
+        metavar="RANK",
+        help="also time a random LoRA adapter, both ways",
+    )
+    parser.add_argument(
+        "--record-routes", action="store_true", help="also time it recording routes (MoE)"
     )
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     args = parser.parse_args()

@@ -50,10 +50,26 @@ def run_preflight(cfg) -> Preflight:
     if hasattr(cfg, "rollout"):
         _check_rl_batch(cfg, pf)
     _check_distributed(cfg, pf)
+    _check_routing_replay(cfg, pf)
     _check_held_out(cfg, tokenizer, pf)
     if not pf.errors:  # the plan needs sequences that fit the context
         _check_memory(cfg, tokenizer, lengths, pf)
     return pf
+
+
+def _check_routing_replay(cfg, pf: Preflight) -> None:
+    """`algorithm.routing_replay` on a model whose config.json has no experts (the loaded model
+    is checked again, with the engine: train.policy.moe.check_routing_replay)."""
+    if not getattr(getattr(cfg, "algorithm", None), "routing_replay", False):
+        return
+    from transformers import AutoConfig
+
+    from reinforge.models.loading import model_source
+    from reinforge.train.policy.moe import dense_refusal
+
+    config = AutoConfig.from_pretrained(model_source(cfg.model.path, cfg.run.seed))
+    if not (getattr(config, "num_experts", 0) or getattr(config, "num_local_experts", 0)):
+        pf.errors.append(dense_refusal(config.model_type))
 
 
 def _check_held_out(cfg, tokenizer, pf: Preflight) -> None:

@@ -70,6 +70,11 @@ class Completion:
     # Multi-turn episodes: 1 where the sampler produced the id, 0 on env ids (tool outputs, game
     # boards), whose logprobs are 0.0 and which stay out of the loss. None: every id is sampled.
     loss_mask: list[int] | None = None
+    # Routing replay (a mixture-of-experts model, `algorithm.routing_replay`): the experts the
+    # engine routed each of the first P positions of prompt + token_ids to, a numpy integer array
+    # [P, sparse layers, k] (uint8 up to 256 experts); P = every position whose output predicts a
+    # sampled token. None when not recorded.
+    routes: Any = None
 
 
 @dataclass

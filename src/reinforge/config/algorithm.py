@@ -141,6 +141,13 @@ class AlgorithmBase(Section):
     Transformer's, as transformers computes it) added to the policy loss; 0 = off. Default (unset):
     the checkpoint's `router_aux_loss_coef` (Qwen3-MoE: 0.001). Unused on dense models. Metric:
     router_aux_loss."""
+    routing_replay: bool = False
+    """Mixture-of-experts models: the engine records the top-k experts of every token at each
+    sparse layer while sampling, and the trainer's forward routes each token to those experts
+    (gate weights from its current router at those ids, so the router still learns) instead of
+    its own top-k: no router mismatch between sampler and trainer. Needs the paged engine; a
+    dense model is refused. Host memory: positions x sparse layers x k bytes (uint8). Metric:
+    routing_replay_changed (share of replayed token-layer pairs whose own top-k set differs)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -82,6 +82,11 @@ class DecodeGraphs:
         self.table_keys: list[tuple[int, int, int] | None] = [None] * self.max_batch_size
         vocab = runner.model.lm_head.weight.shape[0]
         self.logits = torch.empty((self.max_batch_size, vocab), dtype=runner.dtype, device=device)
+        # routing replay: every replay writes its tokens' experts here (a few bytes per token)
+        self.routes = None
+        if runner.route_shape is not None:
+            shape = (self.max_batch_size, *runner.route_shape)
+            self.routes = torch.zeros(shape, dtype=runner.route_dtype, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool: Any = None  # the graphs' shared memory pool (an opaque handle)
         self.capture_key = self._capture_key()
@@ -177,6 +182,7 @@ class DecodeGraphs:
                 r.ops,
                 r.rope,
                 logits_out=self.logits[:bucket],
+                routes_out=None if self.routes is None else self.routes[:bucket],
             )
 
         step()  # compiles the Triton kernels and sets up cuBLAS outside the capture

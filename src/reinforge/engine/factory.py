@@ -32,10 +32,13 @@ def build_engine(
     kv_cache_bytes: int | None = None,
     setting: str = "engine",
     lora_generation: str = "auto",
+    record_routes: bool = False,
 ) -> Engine:
     """The engine `choice` names over `model`; `setting` is the config key or flag it came from,
     for error messages. `lora_generation`: how the paged engine decodes a LoRA model
-    (`lora_merge`: "merged", "adapters", or "auto")."""
+    (`lora_merge`: "merged", "adapters", or "auto"). `record_routes`: the paged engine records
+    each token's experts (routing replay; the caller checks that the model is a paged mixture of
+    experts)."""
     from reinforge.engine.paged import PagedEngine
     from reinforge.engine.qwen_forward import unsupported_reason
     from reinforge.engine.simple import SimpleEngine
@@ -47,7 +50,11 @@ def build_engine(
     reason = unsupported_reason(model)
     if reason is None:
         return PagedEngine(
-            model, tokenizer, kv_cache_bytes=kv_cache_bytes, lora_generation=lora_generation
+            model,
+            tokenizer,
+            kv_cache_bytes=kv_cache_bytes,
+            lora_generation=lora_generation,
+            record_routes=record_routes,
         )
     if choice == "paged":
         raise ConfigError(

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from reinforge.engine import moe
 from reinforge.engine.attention import AttentionMetadata
 from reinforge.engine.attention_select import select_attention_backend
 from reinforge.engine.base import SamplingParams
@@ -122,6 +123,10 @@ class LaunchedStep:
     host_logprobs: torch.Tensor
     event: torch.cuda.Event | None
     entropies: torch.Tensor | None = None  # per sequence, on the device, when asked for
+    # routing replay: each computed token's experts [T, sparse layers, k] (on the host once the
+    # step is done) and which positions of which sequences its rows are
+    routes: torch.Tensor | None = None
+    route_spans: list[tuple[list[Sequence], int, int]] | None = None
 
     def result(self) -> tuple[list[int], list[float]]:
         if self.event is not None:
@@ -146,16 +151,27 @@ class ModelRunner:
         max_num_seqs: int = 256,
         use_cuda_graphs: bool | None = None,
         lora_generation: str = "adapters",
+        record_routes: bool = False,
     ):
         """`use_cuda_graphs`: None takes them where they work (CUDA, Triton backend, a rope that
         can be tabulated). `lora_generation`: "merged" decodes a PEFT model's adapted projections
-        from a merged copy (`lora_merge`), "adapters" applies A/B at every step."""
+        from a merged copy (`lora_merge`), "adapters" applies A/B at every step. `record_routes`
+        (a mixture-of-experts model): every step also returns the experts each computed token was
+        routed to (routing replay)."""
         self.model = causal_lm(model)  # PEFT's layers live inside it: read in place too
         self.block_size = block_size
         self.shape = ModelShape.from_config(model.config)
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
+        # [sparse layers, k] of a token's routes, when recorded
+        self.route_shape: tuple[int, int] | None = None
+        if record_routes:
+            num_sparse = moe.sparse_layer_count(self.model)
+            assert num_sparse, "routes are recorded on a mixture-of-experts model only"
+            self.route_shape = (num_sparse, self.model.config.num_experts_per_tok)
+            self.route_dtype = moe.route_dtype(self.model.config.num_experts)
+        self.last_routes: torch.Tensor | None = None  # the last `run`'s, on the device
         self.backend = select_attention_backend(self.device)
         self.is_fast_path = self.backend.name == "triton-paged"
         self.ops = select_ops(self.device) if self.is_fast_path else TORCH_OPS
@@ -275,9 +291,14 @@ class ModelRunner:
         prev_ids: torch.Tensor | None = None,
     ) -> LaunchedStep:
         """Queue the step and its sampling on the device; returns before they run."""
+        spans = None
+        if self.route_shape is not None:  # positions computed, before the scheduler caches them
+            spans = [(g, g[0].num_cached_tokens, g[0].num_tokens) for g in batch.groups]
         logits = self.run(batch, prev_ids)
         ids, logprobs = self.sample(batch, logits, params)
+        routes = self._routes_to_host()  # queued before `_fetch`'s event
         step = LaunchedStep(batch, ids, *self._fetch(ids, logprobs))
+        step.routes, step.route_spans = routes, spans
         if any(seq.num_output_tokens < seq.entropy_window for seq in batch.seqs):
             step.entropies = self.entropy(batch, logits, params.temperature)
         return step
@@ -306,13 +327,20 @@ class ModelRunner:
                 self.graphs.forget_tables()
             elif self.graphs.fits(len(leaders)):
                 self._graph_logits = True
-                return self.graphs.run(leaders, prev_ids)
+                logits = self.graphs.run(leaders, prev_ids)
+                routes = self.graphs.routes
+                self.last_routes = None if routes is None else routes[: len(leaders)]
+                return logits
         if batch.is_prefill:
             input_ids, positions, meta, logits_indices = self._prepare_prefill(leaders)
         else:
             input_ids, positions, meta, logits_indices = self._prepare_decode(leaders)
             if prev_ids is not None:
                 input_ids = prev_ids
+        self.last_routes = None
+        if self.route_shape is not None:
+            shape = (input_ids.shape[0], *self.route_shape)
+            self.last_routes = torch.empty(shape, dtype=self.route_dtype, device=self.device)
         return forward(
             self.model,
             input_ids,
@@ -324,6 +352,7 @@ class ModelRunner:
             self.shape,
             self.ops,
             self.rope,
+            routes_out=self.last_routes,
         )
 
     @torch.inference_mode()
@@ -364,6 +393,14 @@ class ModelRunner:
                 uniforms,
             )
         return ids, lps
+
+    def _routes_to_host(self) -> torch.Tensor | None:
+        """Start copying the last step's routes to the host (pinned memory on CUDA)."""
+        routes = self.last_routes
+        if routes is None or self.device.type != "cuda":
+            return routes
+        host = torch.empty(routes.shape, dtype=routes.dtype, pin_memory=True)
+        return host.copy_(routes, non_blocking=True)
 
     def _fetch(self, ids: torch.Tensor, logprobs: torch.Tensor):
         """Start copying the step's results to the host; (ids, logprobs, event) to wait on."""

@@ -16,6 +16,12 @@ products through the low-rank factors (`x A_e^T B_e^T * scaling`), never by mate
 `W + B A` for all experts as PEFT's own forward does. A router adapted by PEFT (its 2-D `weight`
 through a `ParamWrapper`: PEFT's "all-linear" includes it) adds `x A^T B^T * scaling` to its
 logits; a shared expert's linear layers take their LoRA through `lora_forward.linear`.
+
+Routing replay (`algorithm.routing_replay`): the paged engine records the top-k experts of every
+token it computes at each sparse layer (`RouteRecord`, per sequence on the host, uint8 for up to
+256 experts), and the trainer's forward replays them (`RoutingReplay`, set per packed forward):
+`moe_block(block, x, ids_TK)` sends each token to the given experts, weighted by this router's
+probabilities at those ids, so the router still gets gradients.
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from reinforge.engine.lora_forward import is_lora_layer, linear
+from reinforge.engine.lora_forward import causal_lm, is_lora_layer, linear
 
 MOE_MODEL_TYPES = ("qwen3_moe", "qwen2_moe")
 EXPERT_PARAMS = ("gate_up_proj", "down_proj")
@@ -214,6 +221,8 @@ def moe_block(
     router = gate.get_base_layer() if is_lora_layer(gate) else gate
     logits_TE, weights_TK, top_ids_TK = route(gate, x_TH, router.top_k, router.norm_topk_prob)
     if ids_TK is not None:
+        # a row of -1 has no recorded route (a position the sampler never computed): its own
+        ids_TK = torch.where(ids_TK >= 0, ids_TK, top_ids_TK)
         probs_TE = torch.softmax(logits_TE, dim=-1, dtype=torch.float32)
         weights_TK = probs_TE.gather(1, ids_TK)
         if router.norm_topk_prob:
@@ -230,3 +239,116 @@ def moe_block(
         )
         out_TH = out_TH + torch.sigmoid(linear(x_TH, block.shared_expert_gate)) * dense
     return out_TH, logits_TE, ids_TK
+
+
+# ------------------------------------------------------------------------------- routing replay
+
+
+def route_dtype(num_experts: int) -> torch.dtype:
+    """The smallest integer type that holds an expert id: uint8 up to 256 experts."""
+    return torch.uint8 if num_experts <= 256 else torch.int16
+
+
+def sparse_layer_count(model) -> int:
+    """How many decoder layers of `model` (a transformers model, PEFT unwrapped) are sparse."""
+    return sum(is_moe_block(layer.mlp) for layer in model.model.layers)
+
+
+class RouteRecord:
+    """The experts each position of one sequence was routed to, on the host: [positions, sparse
+    layers, k], written as the engine's steps compute positions (a prefill a span, a decode one
+    row; a recomputed position is overwritten). Allocated for `capacity` positions (the
+    sequence's longest), grown by doubling past it (a session's continued sequence)."""
+
+    def __init__(self, num_layers: int, top_k: int, dtype: np.dtype, capacity: int = 0):
+        self.rows_PNK = np.zeros((capacity, num_layers, top_k), dtype=dtype)
+        self.length = 0  # positions 0 .. length - 1 are written
+
+    def write(self, start: int, rows_SNK: np.ndarray) -> None:
+        assert start <= self.length, "routes are written without a gap"
+        end = start + rows_SNK.shape[0]
+        if end > self.rows_PNK.shape[0]:
+            shape = (max(end, 2 * self.rows_PNK.shape[0]), *self.rows_PNK.shape[1:])
+            grown = np.zeros(shape, dtype=self.rows_PNK.dtype)
+            grown[: self.length] = self.rows_PNK[: self.length]
+            self.rows_PNK = grown
+        self.rows_PNK[start:end] = rows_SNK
+        self.length = max(self.length, end)
+
+    def prefix(self, num_positions: int) -> np.ndarray:
+        """A copy of the first `num_positions` positions' routes."""
+        assert num_positions <= self.length, (num_positions, self.length)
+        return self.rows_PNK[:num_positions].copy()
+
+    def fork(self, num_positions: int) -> RouteRecord:
+        child = RouteRecord(*self.rows_PNK.shape[1:], dtype=self.rows_PNK.dtype)
+        child.write(0, self.rows_PNK[: min(num_positions, self.length)])
+        return child
+
+
+def record_routes(routes_TNK: torch.Tensor, spans: list[tuple[list[Any], int, int]]) -> None:
+    """A finished step's routes (on the host) into its sequences' `RouteRecord`s: span (seqs,
+    start, end) is the next end - start rows, positions start .. end - 1 of every one of seqs (a
+    prefill's rows go to each member of the group, whose prompt they are)."""
+    rows_TNK = routes_TNK.numpy()
+    offset = 0
+    for seqs, start, end in spans:
+        rows = rows_TNK[offset : offset + end - start]
+        offset += end - start
+        for seq in seqs:
+            if seq.routes is None:
+                longest = seq.num_prompt_tokens + seq.params.max_new_tokens
+                seq.routes = RouteRecord(*rows_TNK.shape[1:], rows_TNK.dtype, longest)
+            seq.routes.write(start, rows)
+    assert offset == rows_TNK.shape[0], "one route row per computed token"
+
+
+@dataclass
+class RoutingReplay:
+    """The trainer's side: the recorded experts of the packed row the next forward computes
+    ([tokens, sparse layers, k], -1 where a token has none), and the count of (token, layer)
+    pairs whose own top-k set differs from the replayed one."""
+
+    routes_TNK: torch.Tensor | None = None
+    num_routed: int = 0  # tokens of `routes_TNK` with a recorded route
+    is_counting: bool = False  # count in the next grad-enabled forward (not its recomputation)
+    num_changed: torch.Tensor | None = None  # summed on the device: no sync per layer
+    num_pairs: int = 0
+
+    def layer(self, index: int, num_tokens: int) -> torch.Tensor | None:
+        if self.routes_TNK is None:
+            return None
+        assert self.routes_TNK.shape[0] == num_tokens, (
+            f"replayed routes for {self.routes_TNK.shape[0]} tokens, the forward has {num_tokens}"
+        )
+        return self.routes_TNK[:, index].long()
+
+    def count(self, logits_TE: torch.Tensor, replay_TK: torch.Tensor) -> None:
+        """Add this layer's tokens with a recorded route whose own top-k set is another."""
+        own_TK = torch.topk(logits_TE.detach(), replay_TK.shape[1], dim=-1).indices
+        has_route_T = replay_TK[:, 0] >= 0
+        differs_T = (own_TK.sort(-1).values != replay_TK.sort(-1).values).any(-1)
+        changed = (differs_T & has_route_T).sum()
+        self.num_changed = changed if self.num_changed is None else self.num_changed + changed
+        self.num_pairs += self.num_routed
+
+    def take_counts(self) -> tuple[float, int]:
+        """(changed pairs, pairs) counted since the last call; counting stops until asked again."""
+        changed = 0.0 if self.num_changed is None else float(self.num_changed)
+        counts = (changed, self.num_pairs)
+        self.num_changed, self.num_pairs, self.is_counting = None, 0, False
+        return counts
+
+
+REPLAY_ATTRIBUTE = "reinforge_routing_replay"
+
+
+def set_replay(model, routes_TNK: torch.Tensor | None) -> None:
+    """The recorded experts the next forward of `model` replays (None: it routes itself). They
+    stay set through the backward, whose activation recomputation must route alike."""
+    replay = getattr(causal_lm(model), REPLAY_ATTRIBUTE, None)
+    if replay is None:
+        assert routes_TNK is None, "recorded routes for a model without sparse blocks"
+        return
+    replay.routes_TNK = routes_TNK
+    replay.num_routed = 0 if routes_TNK is None else int((routes_TNK[:, 0, 0] >= 0).sum())

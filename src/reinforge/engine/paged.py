@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from reinforge.engine import moe
 from reinforge.engine.base import GenerationStats, SamplingParams
 from reinforge.engine.block_manager import BlockManager, pages_to_run_at_once
 from reinforge.engine.lora_merge import merged_bytes, resolve_mode
@@ -50,6 +51,7 @@ class PagedEngine:
         max_num_batched_tokens: int = 8192,
         use_cuda_graphs: bool | None = None,
         lora_generation: str = "auto",
+        record_routes: bool = False,
     ):
         """`num_blocks` sets the pool size in pages; otherwise it is what fits in
         `kv_cache_bytes`. With neither: on CUDA, the free memory less a reserve for
@@ -58,7 +60,9 @@ class PagedEngine:
         A trainer sharing the device passes the memory planner's budget. `use_cuda_graphs`: None
         uses them where they work. `lora_generation` ("auto", "merged", "adapters"): how a PEFT
         LoRA model decodes (`lora_merge`); a trainer passes its memory plan's choice, "auto"
-        decides from the free memory (`lora_merge.resolve_mode`)."""
+        decides from the free memory (`lora_merge.resolve_mode`). `record_routes` (a
+        mixture-of-experts model): each completion carries the experts every position before its
+        last token was routed to (`Completion.routes`, for routing replay)."""
         self.model = model
         self.tokenizer = tokenizer
         self.block_size = block_size
@@ -88,7 +92,13 @@ class PagedEngine:
                 model, block_size, kv_cache_bytes, max_num_seqs, max_num_batched_tokens, held
             )
         self.runner = ModelRunner(
-            model, num_blocks, block_size, max_num_seqs, use_cuda_graphs, self.lora_generation
+            model,
+            num_blocks,
+            block_size,
+            max_num_seqs,
+            use_cuda_graphs,
+            self.lora_generation,
+            record_routes,
         )
 
     def _lora_mode(self, mode: str, kv_cache_bytes: int | None, num_blocks: int | None) -> str:
@@ -193,6 +203,9 @@ class PagedEngine:
         start = time.perf_counter()
         token_ids, logprobs = step.result()  # waits for the device
         waited = time.perf_counter()
+        if step.routes is not None:
+            assert step.route_spans is not None
+            moe.record_routes(step.routes, step.route_spans)
         scheduler.commit(step.batch, token_ids, logprobs, finish_reason, step.entropy_values())
         timers.add(step.batch.is_prefill, "wait", waited - start)
         timers.add(step.batch.is_prefill, "commit", time.perf_counter() - waited)
@@ -253,6 +266,9 @@ class PagedEngine:
             logprobs=seq.logprobs,
             finish_reason=seq.finish_reason,
             text=self.tokenizer.decode(seq.output_ids, skip_special_tokens=True),
+            # every position whose output predicts a sampled token (the last token's, never fed
+            # back, is left out)
+            routes=None if seq.routes is None else seq.routes.prefix(seq.num_tokens - 1),
         )
 
     def _record_stats(self, groups, scheduler: Scheduler, start: float, timers: StepTimers):

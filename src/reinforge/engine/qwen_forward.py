@@ -166,9 +166,15 @@ def attention_block(
     return linear(o.reshape(T, shape.num_heads * shape.head_dim), attn.o_proj)
 
 
-def mlp_block(mlp: Any, x_TE: torch.Tensor, ops: ForwardOps) -> torch.Tensor:
+def mlp_block(
+    mlp: Any, x_TE: torch.Tensor, ops: ForwardOps, routes_TK: torch.Tensor | None = None
+) -> torch.Tensor:
+    """`routes_TK`: where a sparse block writes its tokens' chosen experts (routing replay)."""
     if moe.is_moe_block(mlp):  # Qwen3-MoE / Qwen2-MoE: routed experts as grouped products
-        return moe.moe_block(mlp, x_TE)[0]
+        out_TE, _, ids_TK = moe.moe_block(mlp, x_TE)
+        if routes_TK is not None:
+            routes_TK.copy_(ids_TK)
+        return out_TE
     lin = ops.linear
     return lin(ops.silu_mul(lin(x_TE, mlp.gate_proj), lin(x_TE, mlp.up_proj)), mlp.down_proj)
 
@@ -185,6 +191,7 @@ def forward(
     ops: ForwardOps = TORCH_OPS,
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,  # `rope_table`, if it applies
     logits_out: torch.Tensor | None = None,  # [B, vocab] buffer to write the logits into
+    routes_out: torch.Tensor | None = None,  # [T, sparse layers, k]: each token's experts
 ) -> torch.Tensor:
     """Writes the K/V of every given token into the pool; returns logits [B, vocab]."""
     inner = model.model
@@ -196,13 +203,17 @@ def forward(
         cos_TD, sin_TD = cos[0], sin[0]
     eps = shape.rms_norm_eps
     delta = None  # the last block's output, not yet added to the residual stream
+    num_sparse = 0
     for i, layer in enumerate(inner.layers):
         x, hidden = ops.add_rms_norm(hidden, delta, layer.input_layernorm.weight, eps)
         delta = attention_block(
             layer.self_attn, x, cos_TD, sin_TD, kv_cache[i], meta, backend, shape, ops.linear
         )
         x, hidden = ops.add_rms_norm(hidden, delta, layer.post_attention_layernorm.weight, eps)
-        delta = mlp_block(layer.mlp, x, ops)
+        routes_TK = None
+        if routes_out is not None and moe.is_moe_block(layer.mlp):
+            routes_TK, num_sparse = routes_out[:, num_sparse], num_sparse + 1
+        delta = mlp_block(layer.mlp, x, ops, routes_TK)
     assert delta is not None, "a model with no decoder layer"
     if logits_indices_B is not None:
         hidden, delta = hidden[logits_indices_B], delta[logits_indices_B]

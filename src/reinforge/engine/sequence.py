@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import Any
 
 from reinforge.engine.base import SamplingParams
 
@@ -43,6 +44,9 @@ class Sequence:
     # logits it samples from (no extra forward)
     entropy_window: int = 0
     entropies: list[float] = field(default_factory=list)
+    # routing replay: the experts each computed position was routed to (`moe.RouteRecord`), when
+    # the engine records them
+    routes: Any = None
 
     def __post_init__(self) -> None:
         assert self.prompt_ids, "an empty prompt has no position to sample from"

@@ -92,6 +92,9 @@ class EngineSession:
         new = self._new_sequence(seq.token_ids + list(ids), seed, max_new_tokens, entropy_window)
         self.parked.pop(seq.seq_id, None)
         new.block_table, seq.block_table = seq.block_table, []
+        # the history's recorded routes (routing replay), shared: a step launched ahead before
+        # `seq` finished may still write its last position
+        new.routes = seq.routes
         # at least one id is computed: its logits give the first sample
         new.num_cached_tokens = min(seq.num_cached_tokens, new.num_tokens - 1)
         seq.num_cached_tokens = 0
@@ -108,6 +111,8 @@ class EngineSession:
         if seq.block_table:
             cached = min(position - 1, seq.num_cached_tokens)
             self.block_manager.share_prefix(seq, child, cached)
+            if seq.routes is not None:
+                child.routes = seq.routes.fork(cached)
         self.scheduler.add([child])
         return child
 

@@ -208,6 +208,9 @@ def _episode_completion(tokenizer, e: Episode) -> Completion:
         finish_reason=FINISH_REASONS[e.finish_reason],
         text=tokenizer.decode(ids, skip_special_tokens=False),
         loss_mask=mask,
+        # the last turn was sampled after the whole history before it: its recorded routes
+        # cover every position up to its last token (routing replay)
+        routes=e.turns[-1].routes if e.turns else None,
     )
 
 

@@ -62,6 +62,11 @@ class StepBatch:
     def completions(self) -> list[list[int]]:
         return [t.completion.token_ids for t in self.trajs]
 
+    @property
+    def routes(self) -> list:
+        """Each trajectory's recorded experts (`Completion.routes`; None where not recorded)."""
+        return [t.completion.routes for t in self.trajs]
+
     def rewards_B(self) -> torch.Tensor:
         return torch.tensor([t.reward for t in self.trajs], dtype=torch.float32)
 

@@ -125,6 +125,8 @@ def measure_policy_change(cfg, learner, batch, micro_batches: list[list[int]]) -
         [batch.completions[i] for i in idx],
         cfg.rollout.temperature or 1.0,
         share_prompts=cfg.train.share_prompts,
+        # as the update saw them: with the sampler's experts under routing replay
+        routes=[batch.routes[i] for i in idx] if cfg.algorithm.routing_replay else None,
     )
     width, device = rows.logprobs_ST.shape[1], rows.logprobs_ST.device
     advantages = batch.advantages

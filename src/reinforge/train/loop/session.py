@@ -37,6 +37,7 @@ from reinforge.train.packing.forward import packed_logprobs
 from reinforge.train.planner.lengths import probe_lengths
 from reinforge.train.planner.memory import MemoryChoice, plan_run
 from reinforge.train.policy.model import SFT_FINAL, attach_adapter, build_model, merge_adapter
+from reinforge.train.policy.moe import check_routing_replay
 from reinforge.train.policy.optim import STATE_DTYPES, build_optimizer
 from reinforge.train.sft import sft_examples, sft_step
 
@@ -128,6 +129,7 @@ def policy_engine(
     all free memory."""
     rollout = getattr(cfg, "rollout", None)
     choice = rollout.engine if rollout is not None else "auto"
+    replay = getattr(getattr(cfg, "algorithm", None), "routing_replay", False)
     return build_engine(
         model,
         tokenizer,
@@ -135,6 +137,7 @@ def policy_engine(
         kv_cache_bytes=kv_cache_bytes,
         setting="rollout.engine",
         lora_generation=lora_generation,
+        record_routes=check_routing_replay(model, replay, choice),
     )
 
 

@@ -33,7 +33,12 @@ from reinforge.train.loop.advantage_step import StepBatch
 from reinforge.train.loop.diagnostics import clip_fractions, measure_policy_change
 from reinforge.train.loop.learner import Learner
 from reinforge.train.packing.forward import completion_rows, micro_batches
-from reinforge.train.policy.moe import begin_micro_batch, router_aux_loss
+from reinforge.train.policy.moe import (
+    begin_micro_batch,
+    replay_metrics,
+    router_aux_loss,
+    routing_replay_ratio,
+)
 from reinforge.train.policy.optim import advance_schedule
 from reinforge.train.policy.value import head_values
 
@@ -65,6 +70,7 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
         maxed={k for k in extremes if k.endswith("_max")},
         minned={k for k in extremes if k.endswith("_min")},
     )
+    routing_replay_ratio(totals)
     totals.update(optimizer_step(cfg, learner))
     totals.update(measure_policy_change(cfg, learner, batch, batches))  # one no-grad forward
     return totals
@@ -95,6 +101,7 @@ def micro_step(
         cfg.rollout.temperature or 1.0,
         with_hidden=learner.value_head is not None,
         share_prompts=cfg.train.share_prompts,
+        routes=[batch.routes[i] for i in idx] if a.routing_replay else None,
     )
     width = rows.logprobs_ST.shape[1]
     device = rows.logprobs_ST.device
@@ -136,6 +143,7 @@ def micro_step(
         aux = aux * (len(idx) / len(batch.completions))
         loss = loss + aux
         metrics["router_aux_loss"] = aux.detach()
+    metrics.update(replay_metrics(learner.policy.model))  # before the backward's recompute
     (loss * loss_scale()).backward()
     metrics["kl_sampler"] = mismatch_kl(sampler_ST, rows.logprobs_ST, mask_ST, batch.num_tokens)
     return metrics

@@ -26,6 +26,10 @@ Contract
   advantage) are `[S]`.
 - `unpack(x_K, batch)` gives each sequence its values back; `batch.rows(x_K)` lays them out as
   right-padded `[S, T]` rows (T = longest completion), the shape `algorithms.losses` takes.
+- Routing replay: a sequence's recorded experts (`PackSequence.routes`, one row per position of
+  prompt + completion, a prefix of them) follow their tokens into the row (`routes_TNK`; -1 on
+  rows without one); a shared prompt takes its members' rows (equal when the engine prefilled it
+  once). The forward hands them to the model's sparse blocks (`engine.moe.set_replay`).
 - `packed_logprobs(model, batch, temperature)` is the forward: final hidden states of the row,
   then the chunked LM head of `train.packing.logprobs` on the K target positions. Tests check it against
   full logits over right-padded rows (`tests/padded_reference.py`).
@@ -40,9 +44,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 
+from reinforge.engine.moe import set_replay
 from reinforge.errors import ConfigError
 from reinforge.train.packing.attention import (
     KEY_INDEX_KWARG,
@@ -70,6 +76,9 @@ class PackSequence:
     loss_mask: Sequence[float] | None = None  # None: every completion token counts
     token_values: Mapping[str, Sequence[float]] = field(default_factory=dict)
     seq_values: Mapping[str, float] = field(default_factory=dict)
+    # routing replay: [P, sparse layers, k] experts of the first P positions of prompt +
+    # completion (`Completion.routes`); None: the model routes this sequence itself
+    routes: Any = None
 
     @property
     def num_tokens(self) -> int:
@@ -104,6 +113,7 @@ class PackedBatch:
     key_index_J: torch.Tensor | None = None  # [J] long: row positions of each segment's keys
     cu_keys_G1: torch.Tensor | None = None  # [G+1] int32, offsets into key_index_J
     max_keys: int = 0  # the most keys of one segment (= max_segment when nothing is shared)
+    routes_TNK: torch.Tensor | None = None  # [L, sparse layers, k] int16 recorded experts, -1: none
 
     @property
     def num_tokens(self) -> int:
@@ -177,12 +187,14 @@ def pack_one(
     cu = [0]
     keys: list[list[range]] = []  # per segment: its keys' row positions
     targets_of: list[list[int]] = [[] for _ in chosen]  # per sequence: its target positions
+    rows_of: list[tuple[int, int]] = [(0, 0)] * len(chosen)  # per sequence: (prompt, completion)
     shared = False
     for members in groups.values():
         first = chosen[members[0]]
         num_prompt = len(first.prompt_ids)
         if len(members) == 1:  # one segment: prompt + completion, keys = itself
             start = len(ids)
+            rows_of[members[0]] = (start, start + num_prompt)
             ids.extend(first.prompt_ids)
             ids.extend(first.completion_ids)
             positions.extend(range(len(ids) - start))
@@ -199,6 +211,7 @@ def pack_one(
         keys.append([prompt])
         for j in members:
             completion = chosen[j].completion_ids
+            rows_of[j] = (prompt.start, len(ids))
             if not completion:
                 continue
             start = len(ids)
@@ -255,7 +268,30 @@ def pack_one(
         key_index_J=key_index_J,
         cu_keys_G1=cu_keys_G1,
         max_keys=max_keys,
+        routes_TNK=packed_routes(chosen, rows_of, len(ids)),
     )
+
+
+def packed_routes(
+    chosen: Sequence[PackSequence], rows_of: list[tuple[int, int]], length: int
+) -> torch.Tensor | None:
+    """The sequences' recorded routes at their row positions ([length, sparse layers, k] int16,
+    -1 where none), or None when no sequence has any. `rows_of`: each sequence's (prompt,
+    completion) start rows."""
+    recorded = [s.routes for s in chosen if s.routes is not None]
+    if not recorded:
+        return None
+    routes_TNK = torch.full((length, *recorded[0].shape[1:]), -1, dtype=torch.int16)
+    for s, (prompt_row, completion_row) in zip(chosen, rows_of):
+        if s.routes is None:
+            continue
+        own_PNK = torch.as_tensor(s.routes).to(torch.int16)
+        num_prompt = len(s.prompt_ids)
+        assert own_PNK.shape[0] <= s.num_tokens, "routes for more positions than tokens"
+        prompt_PNK, completion_PNK = own_PNK[:num_prompt], own_PNK[num_prompt:]
+        routes_TNK[prompt_row : prompt_row + len(prompt_PNK)] = prompt_PNK
+        routes_TNK[completion_row : completion_row + len(completion_PNK)] = completion_PNK
+    return routes_TNK
 
 
 def _common_keys(dicts: list[Mapping]) -> list[str]:
@@ -280,7 +316,10 @@ def packed_logprobs(
 
 
 def packed_hidden_states(model, batch: PackedBatch) -> torch.Tensor:
-    """Final (normed) hidden states of the packed row, [L, H]; no logits are computed."""
+    """Final (normed) hidden states of the packed row, [L, H]; no logits are computed. The
+    batch's recorded routes, or none, are what the model's sparse blocks replay from now until
+    the next packed forward (the backward's recomputation included)."""
+    set_replay(model, batch.routes_TNK)
     hidden_1LH = final_hidden_states(
         model,
         batch.input_ids_L[None],

@@ -86,11 +86,14 @@ def completion_rows(
     temperature: float,
     with_hidden: bool = False,
     share_prompts: bool = True,
+    routes: Sequence | None = None,
 ) -> Rows:
     """Logprob and entropy of each completion token under `model` (and the final hidden states
-    for a value head), as completion rows; the sequences form one packed micro-batch."""
+    for a value head), as completion rows; the sequences form one packed micro-batch. `routes`:
+    each sequence's recorded experts (`Completion.routes`, or None) for routing replay."""
     device = next(model.parameters()).device
-    seqs = [PackSequence(p, c) for p, c in zip(prompts, completions)]
+    routes = routes if routes is not None else [None] * len(prompts)
+    seqs = [PackSequence(p, c, routes=r) for p, c, r in zip(prompts, completions, routes)]
     batch = pack_one(seqs, range(len(seqs)), share_prompts).to(device)
     # An FSDP-sharded model runs the same function as a registered forward method, which gathers
     # the root's parameters (the LM head among them) around it.

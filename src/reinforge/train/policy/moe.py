@@ -12,6 +12,13 @@ low-rank factors, the same function the engine decodes with (so sampler and trai
 Each block's router logits of a grad-enabled forward are kept in the model's `RouterLog` while it
 is collecting (`begin_micro_batch` .. `router_aux_loss`), for the load-balancing loss
 (transformers' `load_balancing_loss_func`, over the micro-batch's packed tokens).
+
+Routing replay (`algorithm.routing_replay`): a packed forward whose batch carries the engine's
+recorded experts (`engine.moe.set_replay`, from `train.packing`) sends each token to them instead
+of its own top-k; the gate weights are this router's probabilities at those ids (renormalised
+when the config's `norm_topk_prob`), so the router keeps its gradient. The micro-batch's forward
+counts the (token, layer) pairs whose own top-k set differs from the replayed one
+(`replay_metrics`: `routing_replay_changed`).
 """
 
 from __future__ import annotations
@@ -22,7 +29,8 @@ from functools import partial
 import torch
 
 from reinforge.engine.lora_forward import causal_lm
-from reinforge.engine.moe import is_moe_block, moe_block
+from reinforge.engine.moe import REPLAY_ATTRIBUTE, RoutingReplay, is_moe_block, moe_block
+from reinforge.errors import ConfigError
 
 LOG_ATTRIBUTE = "reinforge_router_log"
 
@@ -34,6 +42,7 @@ class RouterLog:
     config_coef: float  # the checkpoint's router_aux_loss_coef
     is_collecting: bool = False
     logits: list[torch.Tensor] = field(default_factory=list)  # per block, [T, E]
+    replay: RoutingReplay = field(default_factory=RoutingReplay)
 
 
 def sparse_blocks(model) -> list:
@@ -52,18 +61,56 @@ def install_grouped_moe(model) -> RouterLog | None:
         top_k=config.num_experts_per_tok,
         config_coef=float(getattr(config, "router_aux_loss_coef", 0.0) or 0.0),
     )
-    for block in blocks:
-        block.forward = partial(grouped_block_forward, block, log)
+    for index, block in enumerate(blocks):
+        block.forward = partial(grouped_block_forward, block, log, index)
     setattr(causal_lm(model), LOG_ATTRIBUTE, log)
+    setattr(causal_lm(model), REPLAY_ATTRIBUTE, log.replay)
     return log
 
 
-def grouped_block_forward(block, log: RouterLog, hidden_BLH: torch.Tensor) -> torch.Tensor:
+def grouped_block_forward(
+    block, log: RouterLog, index: int, hidden_BLH: torch.Tensor
+) -> torch.Tensor:
+    """Sparse block `index` (among the sparse ones) over the forward's tokens."""
     x_TH = hidden_BLH.reshape(-1, hidden_BLH.shape[-1])
-    out_TH, logits_TE, _ = moe_block(block, x_TH)
-    if log.is_collecting and torch.is_grad_enabled():
-        log.logits.append(logits_TE)
+    replay_TK = log.replay.layer(index, x_TH.shape[0])
+    out_TH, logits_TE, _ = moe_block(block, x_TH, replay_TK)
+    if torch.is_grad_enabled():
+        if log.is_collecting:
+            log.logits.append(logits_TE)
+        if replay_TK is not None and log.replay.is_counting:
+            log.replay.count(logits_TE, replay_TK)
     return out_TH.view_as(hidden_BLH)
+
+
+def dense_refusal(model_type: str) -> str:
+    return (
+        f"algorithm.routing_replay = true, but the model ({model_type!r}) is dense: it has no "
+        "experts to replay; set algorithm.routing_replay = false (it is for mixture-of-experts "
+        "models: qwen3_moe, qwen2_moe)"
+    )
+
+
+def check_routing_replay(model, enabled: bool, engine_choice: str) -> bool:
+    """`algorithm.routing_replay` against the model: a dense model, or an engine that cannot
+    record routes (`rollout.engine = "simple"`, or a model without the paged forward), is a
+    `ConfigError`. Returns whether the engine should record."""
+    if not enabled:
+        return False
+    from reinforge.engine.qwen_forward import unsupported_reason
+
+    if not sparse_blocks(model):
+        raise ConfigError(dense_refusal(causal_lm(model).config.model_type))
+    needs = "algorithm.routing_replay = true needs the paged engine to record each token's experts"
+    reason = unsupported_reason(model)
+    if reason is not None:
+        raise ConfigError(f"{needs}, but {reason}; set algorithm.routing_replay = false")
+    if engine_choice == "simple":
+        raise ConfigError(
+            f"{needs}, but rollout.engine = 'simple' records none; set rollout.engine = 'auto' "
+            "(or 'paged'), or algorithm.routing_replay = false"
+        )
+    return True
 
 
 def router_log(model) -> RouterLog | None:
@@ -84,6 +131,28 @@ def begin_micro_batch(model, setting: float | None) -> None:
     if log is not None:
         log.logits.clear()
         log.is_collecting = aux_coef(model, setting) > 0
+        log.replay.is_counting = True  # counts only where the forward replays routes
+
+
+def replay_metrics(model) -> dict[str, float]:
+    """The (token, layer) pairs of the forward since `begin_micro_batch` that replayed a route,
+    and how many of them this router would have sent to another top-k set; summed over
+    micro-batches and ranks, then `routing_replay_ratio` divides them. Empty without replay."""
+    log = router_log(model)
+    if log is None:
+        return {}
+    changed, pairs = log.replay.take_counts()
+    if not pairs:
+        return {}
+    return {"routing_replay_changed_pairs": changed, "routing_replay_pairs": float(pairs)}
+
+
+def routing_replay_ratio(totals: dict[str, float]) -> None:
+    """`routing_replay_changed`: the share of replayed (token, layer) pairs whose own top-k set
+    differs (per layer, averaged: every layer sees the same tokens), in place of the counts."""
+    if "routing_replay_pairs" in totals:
+        pairs = totals.pop("routing_replay_pairs")
+        totals["routing_replay_changed"] = totals.pop("routing_replay_changed_pairs") / pairs
 
 
 def router_aux_loss(model, setting: float | None) -> torch.Tensor | None:
