@@ -140,7 +140,10 @@ def test_per_gpu_figures_and_efficiency_against_hand_computed_values(bench, tmp_
 
 
 WRITER = """
-import json, sys, time
+import json, subprocess, sys, time
+# a worker in a session of its own, as torchrun starts them
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+print("worker", worker.pid, flush=True)
 with open(sys.argv[1], "w") as f:
     for step in (1, 2, 3):
         row = {"step": step, "phase": "rl", "step_s": 1.0, "generate_s": 0.5, "train_s": 0.5}
@@ -152,7 +155,7 @@ time.sleep(120)
 """
 
 
-@pytest.mark.parametrize(("steps", "timeout", "status"), [(3, 60, "logged"), (4, 3, "timeout")])
+@pytest.mark.parametrize(("steps", "timeout", "status"), [(3, 60, "logged"), (4, 2, "timeout")])
 def test_a_run_is_stopped_once_its_last_step_is_logged_or_at_its_timeout(
     bench, tmp_path, steps, timeout, status
 ):
@@ -162,4 +165,7 @@ def test_a_run_is_stopped_once_its_last_step_is_logged_or_at_its_timeout(
     got, seconds = grpo_bench.run_until_logged(cmd, metrics, steps, log, timeout, 0)
     assert got == status and seconds < 30
     assert len(grpo_bench.step_rows(metrics)) == 3
-    assert "steps logged" in log.read_text()
+    output = log.read_text()
+    assert "steps logged" in output
+    worker = int(output.split("worker ")[1].split()[0])
+    assert not grpo_bench.alive(worker)  # killed with the run, not left holding its GPU
