@@ -129,6 +129,8 @@ def per_gpu(summary: dict, layout: Layout, flops_per_step: float) -> dict:
         "train_mfu_per_training_gpu": round(
             flops_per_step / summary["train_s"] / (trainers * PEAK_FLOPS), 3
         ),
+        # over every GPU of the run, the generators' too (the same as above when colocated)
+        "train_mfu_per_gpu": round(flops_per_step / summary["train_s"] / (n * PEAK_FLOPS), 3),
     }
 
 

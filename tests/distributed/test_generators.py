@@ -8,15 +8,12 @@ trainers change nothing. The routing itself for uneven splits, and the refusals:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from reinforge.config import TrainConfig, load_config
 from reinforge.errors import ConfigError
-from tests.conftest import REPO
+from tests.conftest import cli
 from tests.distributed.test_torchrun import (
     RUN,
     SHAPE,
@@ -43,7 +40,8 @@ def one_process(tmp_path_factory):
     shape = root / "micro_shape.json"
     shape.write_text(json.dumps(SHAPE))
     common = [*COMMON, f"model.path=shape:{shape}"]
-    launch([sys.executable, *reinforge(root / "one", *common)])
+    proc = cli(*reinforge(root / "one", *common)[2:], env_extra={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
     return root, common, rl_metrics(root / "one")
 
 
@@ -91,13 +89,14 @@ def test_bad_counts_are_refused_at_load_with_a_value_that_works():
         load_config(TrainConfig, None, ["distributed.generators=2"])
 
 
-def test_no_process_left_to_train_fails_fast_under_torchrun(tmp_path):
+def test_no_process_left_to_train_fails_at_start_with_the_message(tmp_path):
+    """What each process torchrun starts sees (its WORLD_SIZE): refused before any process group
+    starts, so no process waits for another."""
     extra = ["distributed.mode=disaggregated", "distributed.generators=2", "run.max_steps=1"]
-    cmd = [*TORCHRUN, "--standalone", "--nproc-per-node", "2"]
-    cmd += reinforge(tmp_path / "refused", "model.path=builtin:tiny", *extra)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode != 0
+    world = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}
+    args = reinforge(tmp_path / "refused", "model.path=builtin:micro", *extra)[2:]
+    proc = cli(*args, env_extra=world, timeout=60)
+    assert proc.returncode == 2, proc.stderr[-3000:]
     output = proc.stdout + proc.stderr
     assert "distributed.generators = 2 with 2 processes (WORLD_SIZE) leaves none to train" in output
     assert "set distributed.generators = 1 or fewer" in output

@@ -130,6 +130,7 @@ def test_per_gpu_figures_and_efficiency_against_hand_computed_values(bench, tmp_
     assert (dis["trainers"], dis["generators"], dis["prompts"]) == (3, 1, 33)
     flops_33 = 6 * PARAMS * (33 * 128 + 33 * 8 * 512)
     assert dis["train_mfu_per_training_gpu"] == round(flops_33 / 0.9 / (3 * 796e12), 3)
+    assert dis["train_mfu_per_gpu"] == round(flops_33 / 0.9 / (4 * 796e12), 3)
     assert dis["generated_tok_per_s_per_gpu"] == round(33 * 8 * 512 / 1.0 / 4)
     assert "3+1" not in scaling.table_row(
         "G1", split.label, {**dis, "efficiency": 0.5, "efficiency_vs": "1 GPU"}
