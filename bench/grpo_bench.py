@@ -12,8 +12,9 @@ per GPU), training tokens/s and model FLOPs utilisation per training GPU, peak G
 with several GPU counts the scaling efficiency against the baseline (`scaling.py` says which
 runs a `--nproc` list makes and how efficiency is computed). Each run is stopped once its last
 step is logged (the final evaluation and checkpoint are no part of a step) or killed after
-`--run-timeout` seconds. The peer prints one JSON line. Results print as each run finishes;
-the tables come last. Not a timed test: nothing here fails for being slow.
+`--run-timeout` seconds. The peer prints one JSON line. Results print (and grpo_bench.json is
+rewritten) as each run finishes; the tables come last, also when the bench itself is stopped
+(SIGTERM, e.g. run_gpu.sh's BENCH_TIMEOUT: the current run's processes are killed first). Not a timed test: nothing here fails for being slow.
 """
 
 from __future__ import annotations
@@ -143,14 +144,17 @@ def run_until_logged(
     start = time.perf_counter()
     with log.open("w") as sink:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
-        while proc.poll() is None:
-            time.sleep(1.0)
-            done = not profile_step and len(step_rows(metrics)) >= steps
-            late = timeout and time.perf_counter() - start > timeout
-            if done or late:
+        try:
+            while proc.poll() is None:
+                time.sleep(1.0)
+                done = not profile_step and len(step_rows(metrics)) >= steps
+                late = timeout and time.perf_counter() - start > timeout
+                if done or late:
+                    return ("logged" if done else "timeout"), time.perf_counter() - start
+        finally:  # stopped here, or the bench itself is (its own timeout: SIGTERM)
+            if proc.poll() is None:
                 kill_tree(proc.pid)
                 proc.wait()
-                return ("logged" if done else "timeout"), time.perf_counter() - start
     return f"exit {proc.returncode}", time.perf_counter() - start
 
 
@@ -310,8 +314,9 @@ def print_table(results: dict) -> None:
         )
 
 
-def run_workload(name: str, a, num_gpus: int, out: Path) -> dict:
-    """Every layout of one workload, baseline first; each printed as it finishes."""
+def run_workload(name: str, a, num_gpus: int, out: Path, results: dict) -> None:
+    """Every layout of one workload, baseline first, into `results[name]`; each printed, and
+    the JSON rewritten, as it finishes."""
     w = WORKLOADS[name]
     nprocs = [int(n) for n in a.nproc.split(",")]
     staleness = [k for k in a.staleness.split(",") if k]
@@ -320,7 +325,7 @@ def run_workload(name: str, a, num_gpus: int, out: Path) -> dict:
     )
     for line in skipped:
         print(line, flush=True)
-    runs: dict[str, dict] = {}
+    runs: dict[str, dict] = results.setdefault(name, {})
     base, base_label = None, ""
     for layout in layouts:
         profile = a.profile_step if layout.nproc == 1 and layout.scaling == "strong" else 0
@@ -330,6 +335,7 @@ def run_workload(name: str, a, num_gpus: int, out: Path) -> dict:
         if "error" not in r and base is not None:
             r["efficiency"], r["efficiency_vs"] = efficiency(r, base), base_label
         runs[layout.label] = r
+        (out / "grpo_bench.json").write_text(json.dumps(results, indent=1))
         print(name, layout.label, json.dumps(r), flush=True)
         print(HEADER.splitlines()[0] + "\n" + table_row(name, layout.label, r), flush=True)
         if a.also and layout.nproc == 1:
@@ -341,7 +347,7 @@ def run_workload(name: str, a, num_gpus: int, out: Path) -> dict:
         print(name, "peer", json.dumps(runs["peer"]), flush=True)
     elif not a.skip_peer:
         print(f"{name}: no peer ({w['why_no_peer']})", flush=True)
-    return runs
+    (out / "grpo_bench.json").write_text(json.dumps(results, indent=1))
 
 
 def main() -> None:
@@ -405,11 +411,14 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     num_gpus = a.gpus or gpu_count()
     print(f"{num_gpus} GPU(s); efficiency = per-GPU generated tok/s / the baseline's", flush=True)
-    results = {}
-    for name in a.workload:
-        results[name] = run_workload(name, a, num_gpus, out)
-        (out / "grpo_bench.json").write_text(json.dumps(results, indent=1))
-    print_table(results)
+    # run_gpu.sh's timeout: end the current run's processes (`run_until_logged`), print the table
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    results: dict = {}
+    try:
+        for name in a.workload:
+            run_workload(name, a, num_gpus, out, results)
+    finally:
+        print_table(results)
 
 
 def gpu_count() -> int:
