@@ -14,7 +14,8 @@ runs a `--nproc` list makes and how efficiency is computed). Each run is stopped
 step is logged (the final evaluation and checkpoint are no part of a step) or killed after
 `--run-timeout` seconds. The peer prints one JSON line. Results print (and grpo_bench.json is
 rewritten) as each run finishes; the tables come last, also when the bench itself is stopped
-(SIGTERM, e.g. run_gpu.sh's BENCH_TIMEOUT: the current run's processes are killed first). Not a timed test: nothing here fails for being slow.
+(SIGTERM, e.g. run_gpu.sh's BENCH_TIMEOUT: the current run's processes are killed first). Not
+a timed test: nothing here fails for being slow.
 """
 
 from __future__ import annotations

@@ -143,7 +143,8 @@ def test_per_gpu_figures_and_efficiency_against_hand_computed_values(bench, tmp_
 WRITER = """
 import json, subprocess, sys, time
 # a worker in a session of its own, as torchrun starts them
-worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+sleep = [sys.executable, "-c", "import time; time.sleep(120)"]
+worker = subprocess.Popen(sleep, start_new_session=True)
 print("worker", worker.pid, flush=True)
 with open(sys.argv[1], "w") as f:
     for step in (1, 2, 3):

@@ -19,8 +19,8 @@ class DistributedSection(Section):
     generate, each with its own copy of the weights, while the other processes train; the
     trainers broadcast the weights to them after each optimizer step and they generate ahead
     meanwhile, so a step trains on samples from weights up to distributed.rollout_staleness
-    steps old. The sampler/trainer mismatch is reported as
-    `kl_sampler`; algorithm.tis_cap corrects for it (set it, e.g. 2.0)."""
+    steps old. The sampler/trainer mismatch is reported as `kl_sampler`; algorithm.tis_cap
+    corrects for it (set it, e.g. 2.0)."""
     generators: int = 1
     """The disaggregated mode only: how many processes generate (the last ranks of the launch;
     the others train, so at least one must be left: checked at start, where the number of

@@ -26,8 +26,9 @@ sends to trainers before, so the order cannot deadlock.
 With k = `distributed.rollout_staleness`, rollout(t) is sampled from the weights of step
 t - 1 - k or later (the newest received), so step s trains on samples up to k optimizer steps
 old (`rollout_staleness` = s - 1 - `rollout_weights_step`, over the generators' oldest: 0 on the
-first step after a start or resume). k = 0 is on-policy. Only the trainable tensors travel: the whole model in full
-fine-tuning, the adapters under LoRA. The generator's side: `train/loop/disaggregated.py`.
+first step after a start or resume). k = 0 is on-policy. Only the trainable tensors travel: the
+whole model in full fine-tuning, the adapters under LoRA. The generators' side:
+`train/loop/disaggregated.py`.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ are `rollout.sources`. A prompt samples the same on any generator (the sampler k
 the global prompt index), so the rollout does not depend on how many generators there are.
 
 Off-policy by k steps (`distributed.rollout_staleness = k`, per generator): rollout(t) may be
-sampled once a generator holds the weights of step t - 1 - k or later, so step s trains on samples at most k
-steps old, and up to k rollouts wait in a queue, each tagged with the optimizer step whose
-weights sampled it. k = 0 waits for each step's weights (on-policy).
+sampled once a generator holds the weights of step t - 1 - k or later, so step s trains on
+samples at most k steps old, and up to k rollouts wait in a queue, each tagged with the
+optimizer step whose weights sampled it. k = 0 waits for each step's weights (on-policy).
 
 Two threads, so that sampling never holds up the trainers' hand-over: the main thread samples
 (with the newest weights received, copied into the model between rollouts) and queues; the link
@@ -51,9 +51,10 @@ def generate_for_trainers(cfg, ctx: RunContext) -> Summary:
     tasks = single_turn_tasks(run_tasks(cfg, policy), cfg.task.rewards)
     summary = Summary("train", ctx.run_dir, final_step=state.step)
     first, last = state.step + 1, cfg.run.max_steps
-    ahead = Lookahead(trainable(policy.model), state.step, cfg.distributed.staleness)
-    ahead.count = cfg.rollout.prompts_per_step
-    ahead.prompts = share(ahead.count)  # this generator's slice of them
+    count = cfg.rollout.prompts_per_step
+    ahead = Lookahead(
+        trainable(policy.model), state.step, cfg.distributed.staleness, share(count), count
+    )
     link = threading.Thread(
         target=ahead.serve_trainers, args=(first, last), name="trainer-link", daemon=True
     )
@@ -78,14 +79,20 @@ class Lookahead:
     """What the sampling thread and the link thread share: the queue of rollouts sampled
     ahead, the weights received (staged) and those in the model, under one condition."""
 
-    def __init__(self, model_tensors: list[torch.Tensor], weights_step: int, staleness: int):
+    def __init__(
+        self,
+        model_tensors: list[torch.Tensor],
+        weights_step: int,
+        staleness: int,
+        prompts: range = range(0),
+        count: int = 0,
+    ):
         self.model_tensors = model_tensors
         # k = 0 never samples while weights arrive: they can land in the model itself
         self.staging = [t.detach().clone() for t in model_tensors] if staleness else model_tensors
         self.staleness = staleness
         self.on_gpu = bool(model_tensors) and model_tensors[0].is_cuda
-        self.count = 0  # a step's prompts
-        self.prompts = range(0)  # this generator's slice of them
+        self.prompts, self.count = prompts, count  # this generator's slice of a step's prompts
         self.weights_step = weights_step  # the optimizer step whose weights the model holds
         self.staged_step = weights_step  # the newest weights received
         self.queue: deque[Rollout] = deque()
