@@ -296,7 +296,7 @@ def print_table(results: dict) -> None:
     peers = [(name, runs["peer"], runs) for name, runs in results.items() if "peer" in runs]
     if peers:
         print(
-            "\n| workload | system | steady step s | gen tok/s | peak GiB | vs reinforge, 1 GPU |"
+            "\n| workload | system (1 GPU) | steady step s | gen tok/s total | peak GiB | vs reinforge, 1 GPU |"
         )
         print("|---|---|---|---|---|---|")
     for name, peer, runs in peers:
