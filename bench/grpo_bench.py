@@ -331,8 +331,15 @@ def run_workload(name: str, a, num_gpus: int, out: Path, results: dict) -> None:
     for layout in layouts:
         profile = a.profile_step if layout.nproc == 1 and layout.scaling == "strong" else 0
         r = run_reinforge(name, w, a.steps, out, profile, layout.overrides, layout, a.run_timeout)
-        if "error" not in r and base is None and layout.generators == 0:
-            base, base_label = r, layout.label  # the strong run on the fewest GPUs
+        if (
+            "error" not in r
+            and base is None
+            and layout.scaling == "strong"
+            and not layout.generators
+        ):
+            base, base_label = r, layout.label  # the same-batch run on the fewest GPUs that ran
+        elif layout is layouts[0]:
+            print(f"{name}: the baseline failed; efficiency vs the next same-batch run", flush=True)
         if "error" not in r and base is not None:
             r["efficiency"], r["efficiency_vs"] = efficiency(r, base), base_label
         runs[layout.label] = r
