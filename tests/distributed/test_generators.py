@@ -101,3 +101,21 @@ def test_no_process_left_to_train_fails_at_start_with_the_message(tmp_path):
     assert "distributed.generators = 2 with 2 processes (WORLD_SIZE) leaves none to train" in output
     assert "set distributed.generators = 1 or fewer" in output
     assert not (tmp_path / "refused" / "metrics.jsonl").exists()
+
+
+def test_the_preflight_counts_the_trainers_left(monkeypatch):
+    """Four processes, two of them generators: the batch must divide among the two trainers."""
+    from reinforge.preflight import run_preflight
+    from tests.conftest import TINY_RUN
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    two = [*TINY_RUN, "distributed.mode=disaggregated", "distributed.generators=2"]
+    pf = run_preflight(load_config(TrainConfig, None, [*two, "rollout.prompts_per_step=6"]))
+    assert (
+        "the last 2 ranks generate (distributed.generators) every rollout, 2 train"
+        in dict(pf.rows)["processes"]
+    )
+    assert not pf.errors
+    odd = run_preflight(load_config(TrainConfig, None, [*two, "rollout.prompts_per_step=5"]))
+    assert any("does not divide among 2 training processes" in e for e in odd.errors)
