@@ -2,6 +2,7 @@
 `model.generate` on the same randomly initialised model, in the same process, on one GPU.
 
     python bench/engine_bench.py --workload E1 [--workload E2] [--kernels] [--profile]
+    python bench/engine_bench.py --workload E2 --lora 32 --skip-hf   # plain, adapters, merged
 
 Prints tokens/s of both, their ratio, peak memory, and each as a fraction of the memory-bandwidth
 floor (weight bytes + KV bytes read per decode step, over a device copy bandwidth measured in the
@@ -152,12 +153,20 @@ def random_prompts(config, w: Workload) -> list[list[int]]:
     return ids.tolist()
 
 
-def run_reinforge(model, config, w: Workload, prompts, profile: bool) -> dict:
+def run_reinforge(
+    model, config, w: Workload, prompts, profile: bool, lora_generation: str = "auto"
+) -> dict:
     tokenizer = NullTokenizer(config.eos_token_id)
     num_seqs = w.num_prompts * w.n
     torch.cuda.reset_peak_memory_stats()
     t = time.perf_counter()
-    engine = PagedEngine(model, tokenizer, max_num_seqs=num_seqs, max_num_batched_tokens=8192)
+    engine = PagedEngine(
+        model,
+        tokenizer,
+        max_num_seqs=num_seqs,
+        max_num_batched_tokens=8192,
+        lora_generation=lora_generation,
+    )
     init_seconds = time.perf_counter() - t
     params = SamplingParams(
         max_new_tokens=w.new_tokens, temperature=1.0, n=w.n, seed=0, ignore_eos=True
@@ -187,6 +196,7 @@ def run_reinforge(model, config, w: Workload, prompts, profile: bool) -> dict:
         "kv_peak_used_gib": stats["kv_blocks_peak"] * kv_bytes_per_block(model, 16) / 2**30,
         "init_seconds": init_seconds,
         "warmup_seconds": warmup_seconds,
+        "lora_generation": engine.lora_generation,
         "stats": stats,
     }
     steps = max(1.0, stats["num_decode_steps"])
@@ -402,6 +412,28 @@ def kernel_bench() -> dict:
     return results
 
 
+def run_lora(model, config, w: Workload, prompts, rank: int) -> dict:
+    """The same workload with a random rank-`rank` LoRA adapter on every linear layer (PEFT,
+    float32 A/B as the trainer makes them; B drawn non-zero), decoded both ways: A/B applied at
+    every step, and from the merged generation copy (`engine.lora_merge`). The adapter is removed
+    afterwards."""
+    from reinforge.train.policy.lora import apply_lora
+
+    peft_model, report = apply_lora(model, rank=rank, alpha=2.0 * rank)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, 1e-3)
+    log(f"  LoRA r={rank}: {report.summary()}")
+    runs = {}
+    for mode in ("adapters", "merged"):
+        log(f"  reinforge, LoRA {mode}:")
+        runs[mode] = run_reinforge(peft_model.eval(), config, w, prompts, False, mode)
+        assert runs[mode]["lora_generation"] == mode
+    peft_model.unload()  # the base model's own linear layers back in place
+    return {"rank": rank, **runs}
+
+
 def run_workload(name: str, args, bw: float, flops: float) -> dict:
     w = WORKLOADS[name]
     if args.hf_new_tokens is not None:
@@ -428,6 +460,12 @@ def run_workload(name: str, args, bw: float, flops: float) -> dict:
         "kv_bytes_per_token": kv_per_token,
         "reinforge": ours,
     }
+    if args.lora:
+        result["lora"] = run_lora(model, config, w, prompts, args.lora)
+        for mode in ("adapters", "merged"):
+            ratio = result["lora"][mode]["tokens_per_s"] / ours["tokens_per_s"]
+            result["lora"][f"{mode}_vs_plain"] = ratio
+            log(f"  LoRA {mode} / plain weights: {ratio:.2f}x")
     if not args.skip_hf:
         hf = run_hf(model, config, w, prompts)
         hf_floor, hf_roofline, _, _ = floor_seconds(
@@ -463,6 +501,9 @@ def main() -> None:
     parser.add_argument("--hf-batches", type=int, help="HF: time this many batches of 256")
     parser.add_argument("--profile", action="store_true", help="device time by kernel class")
     parser.add_argument("--kernels", action="store_true", help="decode kernel / sampler bench")
+    parser.add_argument(
+        "--lora", type=int, metavar="RANK", help="also time a random LoRA adapter, both ways"
+    )
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     args = parser.parse_args()
     out = Path(args.out)
@@ -511,6 +552,16 @@ def main() -> None:
             f"(KV pool {ours['kv_pool_gib']:.0f}, used {ours['kv_peak_used_gib']:.1f}) | "
             f"{ours['seconds']:.1f} |"
         )
+        for mode in ("adapters", "merged"):
+            if "lora" not in r:
+                break
+            run = r["lora"][mode]
+            log(
+                f"| {r['workload']} | reinforge, LoRA r={r['lora']['rank']} {mode} | "
+                f"{run['tokens_per_s']:,.0f} | {r['lora'][f'{mode}_vs_plain']:.2f}x plain | | | "
+                f"{run['peak_memory_gib']:.1f} (KV pool {run['kv_pool_gib']:.0f}) | "
+                f"{run['seconds']:.1f} |"
+            )
         if "reinforge_matched" in r:
             m, hf = r["reinforge_matched"], r["hf"]
             log(

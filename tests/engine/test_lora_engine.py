@@ -1,6 +1,7 @@
 """The paged forward with PEFT LoRA adapters (CPU, float32): it applies base + scaling * B(A(x))
-from the live A/B tensors, equals the merged weights, follows `disable_adapter()`, and sees an
-optimizer step on the adapter with no call in between."""
+from the live A/B tensors, or reads a merged generation copy (`lora_generation`, "merged" by
+default on a CPU), equals the merged weights, follows `disable_adapter()`, and sees an optimizer
+step on the adapter with no call in between."""
 
 from __future__ import annotations
 
@@ -70,11 +71,12 @@ def merged_copy_base(peft_model):
     return copy.deepcopy(peft_model).unload().eval()
 
 
-def test_sampled_logprobs_are_the_adapted_policy(micro_dir, tokenizer):
+@pytest.mark.parametrize("mode", ["merged", "adapters"])
+def test_sampled_logprobs_are_the_adapted_policy(micro_dir, tokenizer, mode):
     """Token-in/token-out: the sampler's logprobs are the PEFT model's own (the old policy's
     logprobs in the loss), here at temperature 0.7."""
     model = with_adapter(build_model("qwen2", micro_dir, tokenizer))
-    engine = PagedEngine(model, tokenizer, block_size=4)
+    engine = PagedEngine(model, tokenizer, block_size=4, lora_generation=mode)
     params = SamplingParams(max_new_tokens=10, temperature=0.7, n=3, seed=4, ignore_eos=True)
     for prompt, group in zip(PROMPTS, engine.generate(PROMPTS, params)):
         for completion in group:
@@ -84,9 +86,10 @@ def test_sampled_logprobs_are_the_adapted_policy(micro_dir, tokenizer):
             )
 
 
-def test_disabled_adapter_generates_from_the_base(micro_dir, tokenizer):
+@pytest.mark.parametrize("mode", ["merged", "adapters"])
+def test_disabled_adapter_generates_from_the_base(micro_dir, tokenizer, mode):
     model = with_adapter(build_model("qwen2", micro_dir, tokenizer))
-    engine = PagedEngine(model, tokenizer, block_size=4)
+    engine = PagedEngine(model, tokenizer, block_size=4, lora_generation=mode)
     base = merged_copy_base(model)
     _, base_out = greedy_run(PagedEngine(base, tokenizer, block_size=4))
     with model.disable_adapter():
@@ -97,9 +100,11 @@ def test_disabled_adapter_generates_from_the_base(micro_dir, tokenizer):
     assert_same_outputs(enabled_out, merged_out)
 
 
-def test_optimizer_step_on_the_adapter_is_seen_by_the_next_generate(micro_dir, tokenizer):
+@pytest.mark.parametrize("mode", ["merged", "adapters"])
+def test_optimizer_step_on_the_adapter_is_seen_by_the_next_generate(micro_dir, tokenizer, mode):
     model = with_adapter(build_model("qwen2", micro_dir, tokenizer, seed=2), std=0.1)
-    engine = PagedEngine(model, tokenizer, block_size=4)
+    engine = PagedEngine(model, tokenizer, block_size=4, lora_generation=mode)
+    assert engine.lora_generation == mode
     before_ids, before = greedy_run(engine)
     lora_params = [p for p in model.parameters() if p.requires_grad]
     assert lora_params and all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)

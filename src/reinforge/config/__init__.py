@@ -184,6 +184,14 @@ class RolloutSection(Section):
     """Size of the paged engine's KV page pool in bytes. Unset: the memory planner chooses it
     (room for the whole step's rollout when it fits beside training; `--dry-run` shows it). Set:
     the planner plans around it, and refuses a value that does not fit."""
+    lora_generation: Literal["auto", "merged", "adapters"] = "auto"
+    """How the paged engine decodes a LoRA model. "merged": from a copy of the adapted weights
+    with the adapter merged in (W + scaling * B @ A, in the model's dtype; plain linear layers,
+    the speed of the base model), rebuilt after each optimizer step; it costs those weights'
+    bytes again during generation (freed for the update). "adapters": base + scaling * B(A(x))
+    at every decode step, no copy. "auto": merged when the copy fits beside the KV pool the
+    memory planner chose (the pool is never shrunk for it), else adapters; the run prints the
+    choice and `--dry-run` shows its bytes. See docs/lora.md."""
     continuous_episodes: bool = False
     """Multi-turn env tasks on the paged engine: each episode goes back to generation as soon as
     its env step returns, while others still run theirs (no barrier per turn), and its reply is

@@ -6,7 +6,8 @@ small host-to-device copy and one replay instead of a few hundred kernel launche
 captured largest bucket first into one memory pool, the first time a decode needs them.
 
 A graph holds the addresses of the tensors it read at capture: the model's parameters (LoRA A/B
-included) and the KV pool. Parameters updated in place (an optimizer step, `load_state_dict`,
+included), a merged LoRA copy's buffers (`lora_merge`, rebuilt in place before a generate) and the
+KV pool. Parameters updated in place (an optimizer step, `load_state_dict`,
 `copy_`) are seen by the next replay; a parameter *replaced* by a new tensor, or a change of the
 adapters' state that the forward's Python decided at capture (`disable_adapter()`, another active
 adapter, a new scaling: `lora_forward.adapter_state`), is caught by `check_params`, which drops
@@ -188,5 +189,6 @@ class DecodeGraphs:
         self.graphs[bucket] = graph
 
     def _capture_key(self) -> tuple:
-        model = self.runner.model
-        return (tuple(p.data_ptr() for p in model.parameters()), adapter_state(model))
+        model, merged = self.runner.model, self.runner.merged
+        merged_key = merged.graph_key() if merged is not None else None
+        return (tuple(p.data_ptr() for p in model.parameters()), adapter_state(model), merged_key)

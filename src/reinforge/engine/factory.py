@@ -31,9 +31,11 @@ def build_engine(
     *,
     kv_cache_bytes: int | None = None,
     setting: str = "engine",
+    lora_generation: str = "auto",
 ) -> Engine:
     """The engine `choice` names over `model`; `setting` is the config key or flag it came from,
-    for error messages."""
+    for error messages. `lora_generation`: how the paged engine decodes a LoRA model
+    (`lora_merge`: "merged", "adapters", or "auto")."""
     from reinforge.engine.paged import PagedEngine
     from reinforge.engine.qwen_forward import unsupported_reason
     from reinforge.engine.simple import SimpleEngine
@@ -44,7 +46,9 @@ def build_engine(
         return SimpleEngine(model, tokenizer)
     reason = unsupported_reason(model)
     if reason is None:
-        return PagedEngine(model, tokenizer, kv_cache_bytes=kv_cache_bytes)
+        return PagedEngine(
+            model, tokenizer, kv_cache_bytes=kv_cache_bytes, lora_generation=lora_generation
+        )
     if choice == "paged":
         raise ConfigError(
             f"{setting} = 'paged', but {reason}; use {setting} = 'auto' (the simple engine for "

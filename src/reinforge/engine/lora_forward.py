@@ -7,7 +7,8 @@ in `lora_A` / `lora_B`. `linear` reads those modules' parameters on every call, 
 own forward combines them (the input cast to A's dtype, the sum in the wider dtype, cast back), so
 nothing is merged or copied: an optimizer step on A/B is seen by the next generate, and so is
 `with peft_model.disable_adapter():` (the KL reference), which flips each layer's
-`disable_adapters`. Dropout is the identity at inference and is skipped.
+`disable_adapters`. Dropout is the identity at inference and is skipped. (The engine can instead
+decode from a copy with the adapters merged in, rebuilt when the weights change: `lora_merge`.)
 
 A CUDA graph bakes in the Python decisions taken at capture (adapter on or off, which adapters,
 their scaling), so `adapter_state` summarises them and the graphs are captured again when it

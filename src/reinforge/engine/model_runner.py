@@ -12,7 +12,7 @@ returns a `LaunchedStep` to wait on, so the engine can queue the next decode fir
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -30,6 +30,7 @@ from reinforge.engine.cuda_graphs import (
     decode_rows,
 )
 from reinforge.engine.lora_forward import causal_lm, prepare_adapters
+from reinforge.engine.lora_merge import MergedAdapters
 from reinforge.engine.qwen_forward import TORCH_OPS, ForwardOps, ModelShape, forward, rope_table
 from reinforge.engine.sampling import row_uniform, sample_keyed
 from reinforge.engine.scheduler import Batch
@@ -75,19 +76,17 @@ def num_blocks_for_budget(
     kv_cache_bytes: int | None,
     max_num_seqs: int = 256,
     max_num_batched_tokens: int = 8192,
+    held_bytes: int = 0,
 ) -> int:
     """Pages that fit in `kv_cache_bytes`; by default (CUDA only) the device's free memory less a
-    reserve for activations (`GPU_RESERVE_*` + `activation_bytes`)."""
+    reserve for activations (`GPU_RESERVE_*` + `activation_bytes`) and `held_bytes` (what the
+    engine will allocate beside the pool: a merged LoRA copy)."""
     if kv_cache_bytes is None:
         device = next(model.parameters()).device
         assert device.type == "cuda", "off CUDA the pool grows with the requests (PagedEngine)"
         free, total = torch.cuda.mem_get_info(device)
-        reserve = (
-            GPU_RESERVE_FRACTION * total
-            + GPU_RESERVE_BYTES
-            + activation_bytes(model, max_num_seqs, max_num_batched_tokens)
-        )
-        kv_cache_bytes = int(free - reserve)
+        reserve = gpu_reserve_bytes(model, total, max_num_seqs, max_num_batched_tokens)
+        kv_cache_bytes = int(free - reserve - held_bytes)
     num_blocks = kv_cache_bytes // kv_bytes_per_block(model, block_size)
     if num_blocks < 1:
         raise ValueError(
@@ -95,6 +94,12 @@ def num_blocks_for_budget(
             f"({kv_bytes_per_block(model, block_size)} bytes); raise it, or free accelerator memory"
         )
     return num_blocks
+
+
+def gpu_reserve_bytes(model, total: int, max_num_seqs: int, max_num_batched_tokens: int) -> int:
+    """What a pool sized from free memory leaves to the rest of generation on an accelerator."""
+    activations = activation_bytes(model, max_num_seqs, max_num_batched_tokens)
+    return int(GPU_RESERVE_FRACTION * total + GPU_RESERVE_BYTES + activations)
 
 
 def select_ops(device: torch.device) -> ForwardOps:
@@ -140,9 +145,11 @@ class ModelRunner:
         block_size: int,
         max_num_seqs: int = 256,
         use_cuda_graphs: bool | None = None,
+        lora_generation: str = "adapters",
     ):
         """`use_cuda_graphs`: None takes them where they work (CUDA, Triton backend, a rope that
-        can be tabulated)."""
+        can be tabulated). `lora_generation`: "merged" decodes a PEFT model's adapted projections
+        from a merged copy (`lora_merge`), "adapters" applies A/B at every step."""
         self.model = causal_lm(model)  # PEFT's layers live inside it: read in place too
         self.block_size = block_size
         self.shape = ModelShape.from_config(model.config)
@@ -152,6 +159,11 @@ class ModelRunner:
         self.backend = select_attention_backend(self.device)
         self.is_fast_path = self.backend.name == "triton-paged"
         self.ops = select_ops(self.device) if self.is_fast_path else TORCH_OPS
+        assert lora_generation in ("merged", "adapters"), lora_generation
+        self.merged: MergedAdapters | None = None
+        if lora_generation == "merged":
+            self.merged = MergedAdapters(self.model)
+            self.ops = replace(self.ops, linear=self.merged.linear)
         self.kv_cache: torch.Tensor | None = self._new_pool(num_blocks)
         self._num_blocks = num_blocks
         self.max_num_seqs = max_num_seqs
@@ -194,12 +206,18 @@ class ModelRunner:
             return
         self.kv_cache = None
         self.graphs = None
+        if self.merged is not None:
+            self.merged.release()
 
     def restore(self) -> None:
         """The pool (and the graphs' buffers) again after `release`; a no-op otherwise."""
         if self.kv_cache is not None:
             return
-        self.kv_cache = self._new_pool(self._num_blocks)
+        try:
+            self.kv_cache = self._new_pool(self._num_blocks)
+        except torch.OutOfMemoryError:  # the update's freed blocks, cached but split: return them
+            torch.cuda.empty_cache()
+            self.kv_cache = self._new_pool(self._num_blocks)
         self._new_graphs()
 
     def grow_pool(self, num_blocks: int) -> None:
@@ -241,6 +259,8 @@ class ModelRunner:
     def begin_generate(self) -> None:
         assert self.kv_cache is not None, "restore() after release() before generating"
         prepare_adapters(self.model)
+        if self.merged is not None:
+            self.merged.refresh()  # in place: captured graphs read the new copy
         if self.graphs is not None:
             self.graphs.check_params()
 

@@ -18,10 +18,12 @@ import torch
 
 from reinforge.engine.base import GenerationStats, SamplingParams
 from reinforge.engine.block_manager import BlockManager, pages_to_run_at_once
+from reinforge.engine.lora_merge import merged_bytes, resolve_mode
 from reinforge.engine.model_runner import (
     CPU_KV_GROWTH_LIMIT_BYTES,
     LaunchedStep,
     ModelRunner,
+    gpu_reserve_bytes,
     kv_bytes_per_block,
     num_blocks_for_budget,
 )
@@ -47,13 +49,16 @@ class PagedEngine:
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192,
         use_cuda_graphs: bool | None = None,
+        lora_generation: str = "auto",
     ):
         """`num_blocks` sets the pool size in pages; otherwise it is what fits in
         `kv_cache_bytes`. With neither: on CUDA, the free memory less a reserve for
         activations; elsewhere the pool grows before each generate to what its sequences need
         at full length (up to `CPU_KV_GROWTH_LIMIT_BYTES`; beyond it they take turns).
         A trainer sharing the device passes the memory planner's budget. `use_cuda_graphs`: None
-        uses them where they work."""
+        uses them where they work. `lora_generation` ("auto", "merged", "adapters"): how a PEFT
+        LoRA model decodes (`lora_merge`); a trainer passes its memory plan's choice, "auto"
+        decides from the free memory (`lora_merge.resolve_mode`)."""
         self.model = model
         self.tokenizer = tokenizer
         self.block_size = block_size
@@ -61,6 +66,7 @@ class PagedEngine:
         self.max_num_batched_tokens = max_num_batched_tokens
         self._stats = GenerationStats()
         self.fallback: SimpleEngine | None = None
+        self.lora_generation = "adapters"  # "merged" or "adapters", resolved below
         reason = unsupported_reason(model)
         if reason is not None:
             warnings.warn(
@@ -73,13 +79,31 @@ class PagedEngine:
         device = next(model.parameters()).device
         # off CUDA, with no size given, the pool follows the requests (up to a limit)
         self.pool_grows = num_blocks is None and kv_cache_bytes is None and device.type != "cuda"
+        self.lora_generation = self._lora_mode(lora_generation, kv_cache_bytes, num_blocks)
+        held = merged_bytes(model) if self.lora_generation == "merged" else 0
         if self.pool_grows:
             num_blocks = 1  # sized by each generate (`_grow_pool`)
         elif num_blocks is None:
             num_blocks = num_blocks_for_budget(
-                model, block_size, kv_cache_bytes, max_num_seqs, max_num_batched_tokens
+                model, block_size, kv_cache_bytes, max_num_seqs, max_num_batched_tokens, held
             )
-        self.runner = ModelRunner(model, num_blocks, block_size, max_num_seqs, use_cuda_graphs)
+        self.runner = ModelRunner(
+            model, num_blocks, block_size, max_num_seqs, use_cuda_graphs, self.lora_generation
+        )
+
+    def _lora_mode(self, mode: str, kv_cache_bytes: int | None, num_blocks: int | None) -> str:
+        """The LoRA generation mode to run (`lora_merge.resolve_mode`; reads the free memory on
+        CUDA)."""
+        device = next(self.model.parameters()).device
+        free = reserve = None
+        if mode == "auto" and device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(device)
+            reserve = gpu_reserve_bytes(
+                self.model, total, self.max_num_seqs, self.max_num_batched_tokens
+            )
+            if num_blocks is not None:
+                kv_cache_bytes = num_blocks * kv_bytes_per_block(self.model, self.block_size)
+        return resolve_mode(mode, self.model, kv_cache_bytes, free, reserve or 0)
 
     @property
     def num_blocks(self) -> int:

@@ -4,7 +4,9 @@ It reads the transformers model's parameters in place on every call
 (`model.model.layers[i].self_attn.q_proj.weight`, ...) and copies none, so an optimizer step on
 the trainer's model is seen by the next generation with nothing to sync. `model` is the
 transformers model (`lora_forward.causal_lm` unwraps a PEFT model); projections that PEFT gave a
-LoRA adapter apply it from its live A/B tensors (`lora_forward.linear`). The three families
+LoRA adapter apply it from its live A/B tensors (`lora_forward.linear`), or read a generation
+copy with the adapter merged in, rebuilt when the weights change (`lora_merge`, through
+`ForwardOps.linear`: the one copy the engine makes). The three families
 differ only in optional pieces, each taken when the module has it: q/k/v biases (Qwen2),
 per-head q/k RMSNorm (Qwen3), and tied embeddings (read through `lm_head`, which then holds the
 embedding tensor). RoPE comes from the model's own rotary module, so every rope type transformers
@@ -102,6 +104,8 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 class ForwardOps:
     add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = add_rms_norm
     silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = silu_mul
+    # a projection (LoRA adapters applied), or its merged generation copy (`lora_merge`)
+    linear: Callable[[torch.Tensor, Any], torch.Tensor] = linear
 
 
 TORCH_OPS = ForwardOps()
@@ -140,6 +144,7 @@ def attention_block(
     meta: AttentionMetadata,
     backend: AttentionBackend,
     shape: ModelShape,
+    linear: Callable[[torch.Tensor, Any], torch.Tensor] = linear,
 ) -> torch.Tensor:
     T = x_TE.shape[0]
     q = linear(x_TE, attn.q_proj).view(T, shape.num_heads, shape.head_dim)
@@ -164,9 +169,8 @@ def attention_block(
 def mlp_block(mlp: Any, x_TE: torch.Tensor, ops: ForwardOps) -> torch.Tensor:
     if moe.is_moe_block(mlp):  # Qwen3-MoE / Qwen2-MoE: routed experts as grouped products
         return moe.moe_block(mlp, x_TE)[0]
-    return linear(
-        ops.silu_mul(linear(x_TE, mlp.gate_proj), linear(x_TE, mlp.up_proj)), mlp.down_proj
-    )
+    lin = ops.linear
+    return lin(ops.silu_mul(lin(x_TE, mlp.gate_proj), lin(x_TE, mlp.up_proj)), mlp.down_proj)
 
 
 def forward(
@@ -195,7 +199,7 @@ def forward(
     for i, layer in enumerate(inner.layers):
         x, hidden = ops.add_rms_norm(hidden, delta, layer.input_layernorm.weight, eps)
         delta = attention_block(
-            layer.self_attn, x, cos_TD, sin_TD, kv_cache[i], meta, backend, shape
+            layer.self_attn, x, cos_TD, sin_TD, kv_cache[i], meta, backend, shape, ops.linear
         )
         x, hidden = ops.add_rms_norm(hidden, delta, layer.post_attention_layernorm.weight, eps)
         delta = mlp_block(layer.mlp, x, ops)
@@ -206,5 +210,5 @@ def forward(
     head = model.lm_head
     if logits_out is not None and not is_lora_layer(head) and head.bias is None:
         return torch.mm(last, head.weight.t(), out=logits_out)
-    logits = linear(last, model.lm_head)
+    logits = ops.linear(last, model.lm_head)
     return logits if logits_out is None else logits_out.copy_(logits)

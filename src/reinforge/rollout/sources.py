@@ -50,6 +50,7 @@ from reinforge.distributed import (
     link_group,
     share,
 )
+from reinforge.engine.lora_merge import note_weights_changed
 from reinforge.envs.agent_task import AgentTasks
 from reinforge.envs.env_tasks import EnvTasks, single_turn_tasks
 from reinforge.rollout.agents import play_agents
@@ -249,6 +250,7 @@ def receive_weights(tensors: list[torch.Tensor], lock=None, on_received=None) ->
     with lock if lock is not None else contextlib.nullcontext():
         for tensor in tensors:
             torch.distributed.broadcast(tensor.data, src=FIRST_TRAINER_RANK, group=link_group())
+        note_weights_changed()  # `.data` bumps no version: a merged LoRA copy is rebuilt
         if on_received is not None:
             on_received()
     return True

@@ -103,6 +103,8 @@ def load_policy(cfg, ctx: RunContext) -> tuple[Policy, TrainerState, Path | None
         f"checkpointing {'on' if choice.gradient_checkpointing else 'off'}{sharded} "
         f"({choice.budget_note})"
     )
+    if choice.lora_generation_note:
+        console.print(f"LoRA generation: {choice.lora_generation} ({choice.lora_generation_note})")
     model, source = build_model(cfg, ctx.run_dir, ckpt, state, setup)
     # under torchrun FSDP2 or a replica per process (`distributed.strategy`); one process: as it is
     model = shard_model(model, replicate=choice.replicated, packed_forward=packed_logprobs)
@@ -113,18 +115,26 @@ def load_policy(cfg, ctx: RunContext) -> tuple[Policy, TrainerState, Path | None
         warning = check_disk_room(ctx.run_dir, need, cfg.checkpoint.keep_last)
         if warning:
             console.print(f"[yellow]{warning}[/yellow]")
-    engine = policy_engine(cfg, model, tokenizer, choice.kv_cache_bytes)
+    engine = policy_engine(cfg, model, tokenizer, choice.kv_cache_bytes, choice.lora_generation)
     policy = Policy(model, tokenizer, engine, source, setup)
     return policy, state, ckpt
 
 
-def policy_engine(cfg, model, tokenizer, kv_cache_bytes: int | None) -> Engine:
+def policy_engine(
+    cfg, model, tokenizer, kv_cache_bytes: int | None, lora_generation: str = "auto"
+) -> Engine:
     """The engine `rollout.engine` names ("auto" for SFT runs, which have no rollout section),
-    its KV pool the memory plan's: the trainer shares the device, so never all free memory."""
+    its KV pool and LoRA generation the memory plan's: the trainer shares the device, so never
+    all free memory."""
     rollout = getattr(cfg, "rollout", None)
     choice = rollout.engine if rollout is not None else "auto"
     return build_engine(
-        model, tokenizer, choice, kv_cache_bytes=kv_cache_bytes, setting="rollout.engine"
+        model,
+        tokenizer,
+        choice,
+        kv_cache_bytes=kv_cache_bytes,
+        setting="rollout.engine",
+        lora_generation=lora_generation,
     )
 
 
@@ -272,8 +282,10 @@ def save_sft_final(cfg, ctx: RunContext, policy: Policy, state: TrainerState) ->
     path = save(ctx, SFT_FINAL, Saved(policy.model, policy.tokenizer, state))
     policy.model = attach_adapter(cfg, policy.model)
     del policy.engine  # its KV pool is freed before the new engine allocates one
-    kv_cache_bytes = policy.setup.memory.kv_cache_bytes
-    policy.engine = policy_engine(cfg, policy.model, policy.tokenizer, kv_cache_bytes)
+    memory = policy.setup.memory
+    policy.engine = policy_engine(
+        cfg, policy.model, policy.tokenizer, memory.kv_cache_bytes, memory.lora_generation
+    )
     policy.source = str(path)
 
 

@@ -32,6 +32,13 @@ forward (a third more training compute) and keeps a wide margin against the esti
 Why up to 32,768: a small model's update is bound by the host's per-layer work per micro-batch
 (G1 on an H100 at 16,384: 1.9 s of host time for 1.4 s of kernels), so fewer, larger
 micro-batches are faster (G1: train 3.08 -> 2.75 s, `bench/RESULTS.md` session 8).
+
+LoRA generation (`rollout.lora_generation`, `engine.lora_merge`): "auto" decodes from a merged
+copy of the adapted projections (plain linear layers: the speed of the base model) when the copy
+fits beside the chosen KV pool in the generation phase, else applies the adapters at every step;
+the KV pool is never shrunk for the copy. "merged" plans the copy in (the pool may shrink for it;
+refused when nothing fits), "adapters" leaves it out. The copy is freed with the pool for the
+update, so it never meets the training peak.
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from reinforge.train.planner.sizes import (
     compute_sizes,
     format_bytes,
     kv_in_training,
+    lora_mergeable_params,
     lora_trainable_params,
     training_peak,
 )
@@ -75,6 +83,7 @@ __all__ = [
     "SAMPLING_SEQS",
     "SETTING_CHECKPOINTING",
     "SETTING_KV",
+    "SETTING_LORA_GENERATION",
     "SETTING_LORA_RANK",
     "SETTING_MAX_NEW_TOKENS",
     "SETTING_MICRO_TOKENS",
@@ -88,6 +97,7 @@ __all__ = [
     "format_bytes",
     "free_device_memory",
     "kv_in_training",
+    "lora_mergeable_params",
     "lora_trainable_params",
     "plan_memory",
     "training_peak",
@@ -102,6 +112,7 @@ SETTING_CHECKPOINTING = "model.gradient_checkpointing"
 SETTING_LORA_RANK = "model.lora.rank"
 SETTING_MAX_NEW_TOKENS = "rollout.max_new_tokens"
 SETTING_UNSHARDED = "distributed.accumulate_unsharded"
+SETTING_LORA_GENERATION = "rollout.lora_generation"
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,8 @@ class Plan:
     gradient_checkpointing: bool
     rows: tuple[tuple[str, int, str], ...]  # (item, bytes, note), for --dry-run
     accumulate_unsharded: bool = False  # FSDP only (`distributed.accumulate_unsharded`)
+    lora_generation: str | None = None  # "merged" or "adapters" under LoRA (`lora_generation`)
+    lora_generation_note: str = ""  # why, with the bytes
 
     def table(self) -> str:
         width = max(len(item) for item, _, _ in self.rows)
@@ -131,14 +144,42 @@ def plan_memory(x: PlanInputs) -> Plan:
         raise _refusal(x, s)
     checkpointing, tokens, pages = choice
     unsharded = _accumulate_unsharded(x, s, checkpointing, tokens, pages)
+    mode, note = lora_generation(x, s, pages)
+    if mode == "merged":
+        s = replace(s, lora_copy_held=s.lora_copy)
     return Plan(
         kv_cache_bytes=pages * s.page_bytes(x.page_size),
         kv_pages=pages,
         page_size=x.page_size,
         micro_batch_tokens=tokens,
         gradient_checkpointing=checkpointing,
-        rows=report_rows(x, s, checkpointing, tokens, pages, unsharded),
+        rows=report_rows(x, s, checkpointing, tokens, pages, unsharded, note),
         accumulate_unsharded=unsharded,
+        lora_generation=mode,
+        lora_generation_note=note,
+    )
+
+
+def lora_generation(x: PlanInputs, s: Sizes, pages: int) -> tuple[str | None, str]:
+    """("merged" or "adapters", why) for a LoRA run with a KV pool of `pages`; (None, "") for full
+    fine-tuning."""
+    if x.lora_rank is None:
+        return None, ""
+    copy = format_bytes(s.lora_copy)
+    if x.lora_generation == "adapters":
+        return "adapters", f'{SETTING_LORA_GENERATION} = "adapters" (a merged copy: {copy})'
+    if x.lora_generation == "merged":
+        return "merged", f'{SETTING_LORA_GENERATION} = "merged": a copy of {copy}, planned in'
+    kv = pages * s.page_bytes(x.page_size)
+    room = s.usable - s.generation_fixed - kv
+    if s.lora_copy <= room:
+        return "merged", (
+            f"the merged copy ({copy}) fits beside the KV pool ({format_bytes(kv)}) in "
+            f"generation: {format_bytes(room)} free there"
+        )
+    return "adapters", (
+        f"the merged copy ({copy}) does not fit beside the KV pool ({format_bytes(kv)}): "
+        f"{format_bytes(max(room, 0))} free in generation, and the pool is not shrunk for it"
     )
 
 
@@ -226,6 +267,15 @@ def _search(x: PlanInputs, s: Sizes) -> tuple[bool, int, int] | None:
 
 def _refusal(x: PlanInputs, s: Sizes) -> ConfigError:
     free = format_bytes(x.free_bytes)
+    if x.lora_generation == "merged" and x.lora_rank is not None:
+        auto = replace(x, lora_generation="auto")
+        if _search(auto, compute_sizes(auto)) is not None:
+            return ConfigError(
+                f'{SETTING_LORA_GENERATION} = "merged" needs {format_bytes(s.lora_copy)} beside '
+                f"the weights and the KV pool during generation, which does not fit in {free} "
+                f'with the rest of this job; use {SETTING_LORA_GENERATION} = "auto" (the planner '
+                'chooses) or "adapters"'
+            )
     overrides = {
         SETTING_MICRO_TOKENS: x.micro_batch_tokens,
         SETTING_KV: x.kv_cache_bytes,
@@ -264,7 +314,13 @@ def _toml(value) -> str:
 
 
 def unset_overrides(x: PlanInputs) -> PlanInputs:
-    return replace(x, micro_batch_tokens=None, kv_cache_bytes=None, gradient_checkpointing=None)
+    return replace(
+        x,
+        micro_batch_tokens=None,
+        kv_cache_bytes=None,
+        gradient_checkpointing=None,
+        lora_generation="auto",
+    )
 
 
 def _override_hint(x: PlanInputs, s: Sizes) -> str:

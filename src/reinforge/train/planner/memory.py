@@ -28,6 +28,10 @@ the budget it plans in, and the choices the trainer takes from it.
   checkpointing, a smaller KV pool, or micro-batches under the planner's good size (8,192
   tokens) where FSDP's are larger. Without a plan: FSDP,
   the least memory.
+- LoRA generation: `rollout.lora_generation` ("auto": the plan's choice of a merged generation
+  copy or the adapters at every step, `MemoryChoice.lora_generation`; without a plan the engine
+  decides from the free memory, `engine.lora_merge.resolve_mode`). The planner is told the exact
+  size of the copy (`LoraReport.num_mergeable_params`).
 - Resume: a run's micro-batch budget is saved in its checkpoints (`TrainerState`) and reused, so a
   resumed run splits its steps into the same micro-batches and stays exact.
 """
@@ -78,6 +82,10 @@ class MemoryChoice:
     num_shards: int = 1  # processes training together; the plan is one process's
     accumulate_unsharded: bool = False  # FSDP: see `distributed.accumulation`
     replicated: bool = False  # each process holds the whole model (`distributed.strategy`)
+    # how the engine decodes a LoRA model: the plan's "merged" / "adapters", or the setting
+    # ("auto" without a plan: the engine decides); `lora_generation_note` says why
+    lora_generation: str = "auto"
+    lora_generation_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,7 @@ def choose_memory(
     work: Workload,
     lora_trainable_params: int | None = None,
     resumed_micro_tokens: int | None = None,
+    lora_mergeable_params: int | None = None,
 ) -> MemoryChoice:
     """The plan for this run (raises `ConfigError` when it cannot fit: before any load)."""
     t, checkpointing = cfg.train, cfg.model.gradient_checkpointing
@@ -113,6 +122,7 @@ def choose_memory(
     unsharded = getattr(getattr(cfg, "distributed", None), "accumulate_unsharded", False)
     forced_unsharded = None if unsharded == "auto" else bool(unsharded)
     strategy = getattr(getattr(cfg, "distributed", None), "strategy", "fsdp")
+    lora_mode = getattr(getattr(cfg, "rollout", None), "lora_generation", "auto")
     free, budget_note = memory_budget(device)
     missing = [k for k in REQUIRED_CONFIG_KEYS if k not in model_config]
     if free is None or missing:
@@ -126,6 +136,8 @@ def choose_memory(
             kv_bytes,
             accumulate_unsharded=bool(forced_unsharded),
             replicated=strategy == "replicate",  # "auto" without a plan: FSDP, the least memory
+            lora_generation=lora_mode,
+            lora_generation_note=_no_plan_note(lora_mode) if cfg.model.lora.rank else "",
         )
     rank = cfg.model.lora.rank or None
     shards = env_train_size(cfg)
@@ -145,6 +157,8 @@ def choose_memory(
             kv_cache_bytes=kv_bytes,
             gradient_checkpointing=forced_checkpointing,
             accumulate_unsharded=forced_unsharded,
+            lora_generation=lora_mode,
+            lora_mergeable_params=lora_mergeable_params if rank else None,
         ),
         strategy,
     )
@@ -163,7 +177,15 @@ def choose_memory(
         shards,
         plan.accumulate_unsharded,
         replicated,
+        plan.lora_generation or lora_mode,
+        plan.lora_generation_note,
     )
+
+
+def _no_plan_note(mode: str) -> str:
+    if mode == "auto":
+        return "no memory plan: the engine decides from the free memory"
+    return "rollout.lora_generation, set"
 
 
 def plan_strategy(x: PlanInputs, strategy: str) -> tuple[Plan, bool]:
@@ -276,6 +298,7 @@ def plan_run(cfg, tokenizer, lengths: Lengths, resumed_micro_tokens: int | None 
         workload(cfg, lengths),
         report.num_trainable_params if report else None,
         resumed_micro_tokens,
+        report.num_mergeable_params if report else None,
     )
     return choice, report
 
@@ -300,6 +323,11 @@ def plan_rows(choice: MemoryChoice) -> list[tuple[str, str]]:
             format_bytes(choice.kv_cache_bytes)
             if choice.kv_cache_bytes is not None
             else "the engine's default (grows with the requests on a CPU)",
+        ),
+        *(
+            [("LoRA generation", f"{choice.lora_generation} ({choice.lora_generation_note})")]
+            if choice.lora_generation_note
+            else []
         ),
     ]
     if choice.plan is not None:

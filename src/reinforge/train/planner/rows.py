@@ -19,7 +19,13 @@ from reinforge.train.planner.sizes import (
 
 
 def report_rows(
-    x: PlanInputs, s: Sizes, checkpointing: bool, tokens: int, pages: int, unsharded: bool
+    x: PlanInputs,
+    s: Sizes,
+    checkpointing: bool,
+    tokens: int,
+    pages: int,
+    unsharded: bool,
+    lora_generation_note: str = "",
 ):
     m, d = x.model, x.model.dtype_bytes
     per_token = activation_bytes_per_token(x, checkpointing)
@@ -98,6 +104,11 @@ def report_rows(
             + ("; freed for the update" if x.kv_released_in_training else ""),
         ),
         ("generation working set", s.generation, "sampling logits + one prefill chunk"),
+        *(
+            [("LoRA generation copy", s.lora_copy_held, lora_generation_note)]
+            if x.lora_rank is not None
+            else []
+        ),
         ("peak, training phase", peak_training, ""),
         ("peak, generation phase", generation_peak, ""),
         ("headroom", s.usable - max(peak_training, generation_peak), "unused after the reserve"),

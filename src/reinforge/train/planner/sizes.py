@@ -34,6 +34,9 @@ head_dim, kv = kv_heads * head_dim, V vocab, Ly layers, r LoRA rank, c logits ch
                           sample owns its partial prompt page and its response pages
 - generation working set  sampling logits for up to 256 sequences (2 float32 [256, V]) plus one
                           prefill chunk of 8192 tokens through one layer without grad
+- LoRA generation copy    the adapted projections' weights merged with their adapters, d bytes
+                          each (`engine.lora_merge`); "all-linear" on a dense model:
+                          Ly * (2hq + 2h*kv + 3hI); held in generation only (freed with the pool)
 
 Sharded (FSDP over N processes, `num_shards`; `prompts_per_step` is then one process's share):
 weights, gradients, AdamW states and LoRA states are divided by N; training gathers two decoder
@@ -164,6 +167,9 @@ class PlanInputs:
     # The trainer frees the KV pool (and decode graphs) for its update on CUDA
     # (`Engine.release_memory`), so the pool and the training activations never coexist.
     kv_released_in_training: bool = True
+    # LoRA decoding from a merged copy (`rollout.lora_generation`): "auto" lets the planner choose
+    lora_generation: str = "auto"
+    lora_mergeable_params: int | None = None  # default: all-linear (`lora_mergeable_params`)
 
 
 def format_bytes(size: int) -> str:
@@ -185,6 +191,15 @@ def lora_trainable_params(model: ModelShape, rank: int) -> int:
     return rank * m.num_layers * in_plus_out
 
 
+def lora_mergeable_params(model: ModelShape) -> int:
+    """Weights of the projections a merged LoRA copy holds under "all-linear": attention and a
+    dense MLP (a mixture of experts' layers keep their adapters: `engine.lora_merge`)."""
+    m = model
+    attention = 2 * m.hidden_size * m.q_dim + 2 * m.hidden_size * m.kv_dim
+    mlp = 0 if m.num_experts else 3 * m.hidden_size * m.intermediate_size
+    return m.num_layers * (attention + mlp)
+
+
 @dataclass(frozen=True)
 class Sizes:
     """The bytes of each item of a plan for one `PlanInputs`, and the bounds (micro-batch tokens,
@@ -204,6 +219,8 @@ class Sizes:
     logits_chunk: int
     generation: int
     kv_per_token: int
+    lora_copy: int  # a merged LoRA generation copy's bytes (0 without LoRA)
+    lora_copy_held: int  # what of it generation is planned with (`lora_generation` "merged")
     kv_want_pages: int
     kv_min_pages: int
     tokens_min: int
@@ -221,8 +238,9 @@ class Sizes:
 
     @property
     def generation_fixed(self) -> int:
-        """What generation holds besides the KV pool: the full weights, and the working set."""
-        return self.static + self.gathered_generation + self.generation
+        """What generation holds besides the KV pool: the full weights, the working set, and a
+        merged LoRA copy when planned with one."""
+        return self.static + self.gathered_generation + self.generation + self.lora_copy_held
 
     def page_bytes(self, page_size: int) -> int:
         return page_size * self.kv_per_token
@@ -236,6 +254,10 @@ def compute_sizes(x: PlanInputs) -> Sizes:
     trainable = m.num_params
     if x.lora_rank is not None:
         trainable = x.lora_trainable_params or lora_trainable_params(m, x.lora_rank)
+    lora_copy = 0
+    if x.lora_rank is not None:
+        count = x.lora_mergeable_params
+        lora_copy = d * (lora_mergeable_params(m) if count is None else count)
     if x.lora_rank is None:
         grads = math.ceil(m.num_params * d / shards)
         optimizer = math.ceil(m.num_params * OPTIMIZER_STATE_BYTES[x.optimizer] / shards)
@@ -281,6 +303,8 @@ def compute_sizes(x: PlanInputs) -> Sizes:
         logits_chunk=x.logits_chunk_tokens * m.vocab_size * (d + 8),
         generation=sampling + prefill,
         kv_per_token=m.kv_bytes_per_token,
+        lora_copy=lora_copy,
+        lora_copy_held=lora_copy if x.lora_generation == "merged" else 0,
         kv_want_pages=x.prompts_per_step * (shared_pages + x.samples_per_prompt * own_pages),
         kv_min_pages=math.ceil(seq_len / x.page_size),
         tokens_min=seq_len,

@@ -46,6 +46,8 @@ class LoraReport:
     bound_modules: tuple[str, ...]  # full names, e.g. "model.layers.0.self_attn.q_proj"
     num_trainable_params: int
     num_total_params: int
+    # the adapted projections a merged generation copy holds (`engine.lora_merge`)
+    num_mergeable_params: int | None = None
 
     def summary(self) -> str:
         share = self.num_trainable_params / max(self.num_total_params, 1)
@@ -143,6 +145,8 @@ def check_settings(rank: int, alpha: float, dropout: float) -> None:
 def lora_report(peft_model) -> LoraReport:
     from peft.tuners.lora import LoraLayer
 
+    from reinforge.engine.lora_merge import mergeable_params
+
     bound = tuple(
         _strip_wrapper_prefix(name)
         for name, module in peft_model.named_modules()
@@ -154,6 +158,7 @@ def lora_report(peft_model) -> LoraReport:
         bound_modules=bound,
         num_trainable_params=sum(p.numel() for p in params if p.requires_grad),
         num_total_params=sum(p.numel() for p in params),
+        num_mergeable_params=mergeable_params(peft_model),
     )
 
 
