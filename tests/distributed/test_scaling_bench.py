@@ -19,8 +19,10 @@ def bench():
     try:
         import grpo_bench
         import scaling
+        import stoppable
     finally:
         sys.path.remove(str(REPO / "bench"))
+    grpo_bench.stoppable = stoppable
     return grpo_bench, scaling
 
 
@@ -161,13 +163,13 @@ time.sleep(120)
 def test_a_run_is_stopped_once_its_last_step_is_logged_or_at_its_timeout(
     bench, tmp_path, steps, timeout, status
 ):
-    grpo_bench, _ = bench
+    stoppable = bench[0].stoppable
     metrics, log = tmp_path / "metrics.jsonl", tmp_path / "run.log"
     cmd = [sys.executable, "-c", WRITER, str(metrics)]
-    got, seconds = grpo_bench.run_until_logged(cmd, metrics, steps, log, timeout, 0)
+    got, seconds = stoppable.run_until_logged(cmd, metrics, steps, log, timeout, 0)
     assert got == status and seconds < 30
-    assert len(grpo_bench.step_rows(metrics)) == 3
+    assert len(stoppable.step_rows(metrics)) == 3
     output = log.read_text()
     assert "steps logged" in output
     worker = int(output.split("worker ")[1].split()[0])
-    assert not grpo_bench.alive(worker)  # killed with the run, not left holding its GPU
+    assert not stoppable.alive(worker)  # killed with the run, not left holding its GPU
