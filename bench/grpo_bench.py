@@ -1,13 +1,21 @@
-"""G1 / G2 of shared/BENCHMARKS.md: a GRPO step through `reinforge train` and through TRL's
+"""G1 / G2 / G3 of shared/BENCHMARKS.md and F8 (the qwen3-8b shape's full fine-tune, FSDP2): a
+GRPO step through `reinforge train`, on one GPU or several of one host, and through TRL's
 GRPOTrainer (bench/peers/trl_grpo.py, a copy of shared/peers/) with the same numbers, in one job.
 
     python bench/grpo_bench.py --workload G1 [--workload G2] [--steps 5] [--peer-steps 4] --out DIR
+    python bench/grpo_bench.py --workload G1 --nproc 1,2,4,8 --weak --disagg --skip-peer --steps 3
 
-reinforge runs as a user runs it (`reinforge train configs/bench/g1.toml`, a subprocess), and its
-figures come from the run's metrics.jsonl: steady step seconds (median of steps 2..N), the
-generation and training phases apart, generated tokens/s end to end, training tokens/s and model
-FLOPs utilisation, peak GPU memory. The peer prints one JSON line. The table compares the two.
-Not a timed test: nothing here fails for being slow.
+reinforge runs as a user runs it (`reinforge train configs/bench/g1.toml`, a subprocess; torchrun
+for N GPUs), and its figures come from the run's metrics.jsonl: steady step seconds (median of
+steps 2..N), the generation and training phases apart, generated tokens/s end to end (total and
+per GPU), training tokens/s and model FLOPs utilisation per training GPU, peak GPU memory, and
+with several GPU counts the scaling efficiency against the baseline (`scaling.py` says which
+runs a `--nproc` list makes and how efficiency is computed). Each run is stopped once its last
+step is logged (the final evaluation and checkpoint are no part of a step) or killed after
+`--run-timeout` seconds. The peer prints one JSON line. Results print (and grpo_bench.json is
+rewritten) as each run finishes; the tables come last, also when the bench itself is stopped
+(SIGTERM, e.g. run_gpu.sh's BENCH_TIMEOUT: the current run's processes are killed first). Not
+a timed test: nothing here fails for being slow.
 """
 
 from __future__ import annotations
@@ -15,13 +23,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from scaling import HEADER, Layout, colocated, efficiency, per_gpu, plan_layouts, table_row
+from stoppable import run_until_logged, step_rows
+
 ROOT = Path(__file__).resolve().parent.parent
+RUNS = Path("/tmp/reinforge-bench")
 WORKLOADS = {
     "G1": dict(
         config="configs/bench/g1.toml",
@@ -54,36 +68,78 @@ WORKLOADS = {
         lora_rank=32,
         peer_micro_batch=16,
     ),
+    # issue 29: the qwen3-8b shape's full fine-tune with AdamW under FSDP2; no peer
+    "F8": dict(
+        config="configs/bench/fsdp_8b.toml",
+        shape="bench/shapes/qwen3-8b.json",
+        prompts=16,
+        group=4,
+        prompt_len=128,
+        new_tokens=256,
+        lora_rank=0,
+        peer_micro_batch=0,
+        min_gpus=2,
+        why_min_gpus="the 8B full fine-tune with AdamW needs two GPUs to train (98 GB of "
+        "weights and moments; 99 GiB measured on one H200, over an H100's 80)",
+        why_no_peer="it does not fit one GPU with AdamW",
+    ),
 }
 
 
 def run_reinforge(
-    name: str, w: dict, steps: int, out: Path, profile_step: int = 0, overrides=(), nproc: int = 1
+    name: str,
+    w: dict,
+    steps: int,
+    out: Path,
+    profile_step: int = 0,
+    overrides=(),
+    layout: Layout | None = None,
+    timeout: float = 0,
 ) -> dict:
-    run_dir = Path("/tmp/reinforge-bench") / name.lower()
+    """One `reinforge train` of the workload, in its own run directory; its figures from the
+    run's metrics.jsonl. Stopped (its process group killed) once the last step is logged: the
+    final evaluation and checkpoint are no part of a step (the 8B checkpoint alone is ~100 GB)
+    and would only cost time; after `timeout` seconds it is killed and reported as such, with
+    the figures of the steps it logged."""
+    tag = layout.label if layout else " ".join(["1 GPU", *overrides])
+    layout = layout or colocated(1, w["prompts"], "strong")
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{name} {tag}".lower()).strip("-")[:100]
+    run_dir = RUNS / slug
+    shutil.rmtree(run_dir, ignore_errors=True)  # never read an earlier run's metrics
     cmd = [sys.executable, "-m", "reinforge.cli"]
-    if nproc > 1:  # the same config on nproc GPUs: torchrun, FSDP2, the same global batch
+    if layout.nproc > 1:  # torchrun: the same config on nproc GPUs
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        cmd = [*torchrun, f"--nproc-per-node={nproc}", "-m", "reinforge.cli"]
+        cmd = [*torchrun, f"--nproc-per-node={layout.nproc}", "-m", "reinforge.cli"]
     if profile_step:  # same run, one update under torch.profiler (it slows that step only)
         cmd = [sys.executable, "bench/profile_train.py", str(profile_step)]
         cmd.append(str((out / f"train_profile_{name}.txt").resolve()))
-    cmd += ["train", w["config"], f"run.max_steps={steps}", *overrides]
+    cmd += ["train", w["config"], f"run.max_steps={steps}", f"run.name={slug}"]
+    cmd += [f"run.output_dir={RUNS}", *overrides]
     print("$", " ".join(cmd), flush=True)
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    label = "_".join(["", *overrides, *([f"{nproc}gpu"] if nproc > 1 else [])])
-    (out / f"reinforge_{name}{label}.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        print(proc.stdout[-3000:], proc.stderr[-3000:], sep="\n")
-        return {"error": f"exit {proc.returncode}", "wall_s": wall}
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps_rows = [r for r in rows if r.get("phase") == "rl" and "step_s" in r]
-    return summarise(steps_rows, w, wall, profile_step)
+    log = out / f"reinforge_{slug}.log"
+    status, wall = run_until_logged(
+        cmd, run_dir / "metrics.jsonl", steps, log, timeout, profile_step
+    )
+    rows = step_rows(run_dir / "metrics.jsonl")
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    complete = status == "logged" or (status == "exit 0" and len(rows) >= steps)
+    if not complete and (status != "timeout" or len(rows) < 2):
+        print(log.read_text()[-3000:])
+        return {
+            "error": f"{status} after {wall:.0f} s, {len(rows)} steps",
+            "wall_s": round(wall, 1),
+        }
+    result = summarise(rows, {**w, "prompts": layout.prompts}, wall, profile_step, layout)
+    if not complete:
+        result["note"] = f"timed out after {wall:.0f} s at step {len(rows)} of {steps}"
+    return result
 
 
-def summarise(rows: list[dict], w: dict, wall: float, profile_step: int = 0) -> dict:
+def summarise(
+    rows: list[dict], w: dict, wall: float, profile_step: int = 0, layout: Layout | None = None
+) -> dict:
+    """The steady figures (median of steps 2..N) of one run, totals and per GPU."""
+    layout = layout or colocated(1, w["prompts"], "strong")
     steady = [r for r in rows[1:] if r["step"] != profile_step] or rows
 
     def med(key: str) -> float:
@@ -94,29 +150,25 @@ def summarise(rows: list[dict], w: dict, wall: float, profile_step: int = 0) -> 
     trained = completions * (w["prompt_len"] + w["new_tokens"])
     # what the trainer computes: each prompt once for its group (`train.packing`, shared prompts)
     computed = w["prompts"] * w["prompt_len"] + generated
-    shape = json.loads((ROOT / w["shape"]).read_text())
-    params = model_params(shape)
-    train_s = med("train_s")
+    params = model_params(json.loads((ROOT / w["shape"]).read_text()))
     # Forward + backward = 6 flops per parameter per token (LoRA: the frozen base still runs the
     # forward and the input-gradient backward, 4 of the 6); checkpointing's recompute not counted.
     flops_per_token = (4 if w["lora_rank"] else 6) * params
-    return {
+    summary = {
         "step_s": [round(r["step_s"], 2) for r in rows],
         "steady_step_s": round(med("step_s"), 3),
         "generate_s": round(med("generate_s"), 3),
-        "train_s": round(train_s, 3),
-        "generated_tok_per_s": round(generated / med("step_s")),
-        "rollout_tok_per_s": round(generated / med("generate_s")),
-        "train_tok_per_s": round(trained / train_s),
-        "train_mfu_vs_796tflops": round(flops_per_token * computed / train_s / 796e12, 3),
+        "train_s": round(med("train_s"), 3),
+        "generated_tok_per_s_total": round(generated / med("step_s")),
+        "rollout_tok_per_s_total": round(generated / med("generate_s")),
+        "train_tok_per_s_total": round(trained / med("train_s")),
         "peak_gib": round(max(r.get("gpu_peak_gib", 0.0) for r in rows), 2),
         "wall_s": round(wall, 1),
-        **(
-            {"staleness": [r["rollout_staleness"] for r in rows]}
-            if "rollout_staleness" in rows[0]
-            else {}
-        ),
     }
+    summary.update(per_gpu(summary, layout, flops_per_token * computed))
+    if "rollout_staleness" in rows[0]:
+        summary["staleness"] = [r["rollout_staleness"] for r in rows]
+    return summary
 
 
 def model_params(shape: dict) -> int:
@@ -165,49 +217,74 @@ def run_peer(name: str, w: dict, steps: int, out: Path) -> dict:
 
 
 def print_table(results: dict) -> None:
-    print(
-        "\n| workload | system | steady step s | generate s | train s | gen tok/s (end to end) "
-        "| train tok/s | train MFU | peak GiB |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name, r in results.items():
-        ours, peer = r["reinforge"], r.get("peer", {})
-        if "error" not in ours:
-            print(
-                f"| {name} | reinforge | {ours['steady_step_s']} | {ours['generate_s']} | "
-                f"{ours['train_s']} | {ours['generated_tok_per_s']:,} | "
-                f"{ours['train_tok_per_s']:,} | {ours['train_mfu_vs_796tflops']:.1%} | "
-                f"{ours['peak_gib']} |"
-            )
-        else:
-            print(f"| {name} | reinforge | {ours['error']} | | | | | | |")
-        for label, variant in r.items():
-            if label.startswith("reinforge ") and "error" not in variant:
-                print(
-                    f"| {name} | {label} | {variant['steady_step_s']} | {variant['generate_s']} | "
-                    f"{variant['train_s']} | {variant['generated_tok_per_s']:,} | "
-                    f"{variant['train_tok_per_s']:,} | {variant['train_mfu_vs_796tflops']:.1%} | "
-                    f"{variant['peak_gib']} |"
-                )
-            elif label.startswith("reinforge "):
-                print(f"| {name} | {label} | {variant['error']} | | | | | | |")
-        if peer and "error" not in peer:
-            print(
-                f"| {name} | {peer['peer']} | {peer['steady_step_s']} | | | "
-                f"{peer['generated_tok_per_s']:,} | | | {peer['peak_gib']} |"
-            )
-        elif peer:
-            print(f"| {name} | TRL GRPOTrainer | {peer['error']} | | | | | | |")
-        for label, variant in r.items():
-            if "GPUs" in label and "error" not in variant and "error" not in ours:
-                scale = variant["generated_tok_per_s"] / ours["generated_tok_per_s"]
-                print(
-                    f"| {name} | scaling: {label} vs 1 GPU | **{scale:.2f}x** generated tok/s | | | | | | |"
-                )
-        if "error" not in ours and peer and "error" not in peer:
+    print("\n" + HEADER)
+    for name, runs in results.items():
+        for label, r in runs.items():
+            if label != "peer":
+                print(table_row(name, label, r))
+    peers = [(name, runs["peer"], runs) for name, runs in results.items() if "peer" in runs]
+    if peers:
+        print(
+            "\n| workload | system (1 GPU) | steady step s | gen tok/s total | peak GiB | vs reinforge, 1 GPU |"
+        )
+        print("|---|---|---|---|---|---|")
+    for name, peer, runs in peers:
+        if "error" in peer:
+            print(f"| {name} | TRL GRPOTrainer | {peer['error']} | | | |")
+            continue
+        ours = runs.get("1 GPU", {})
+        ratio = ""
+        if "steady_step_s" in ours:
             speed = peer["steady_step_s"] / ours["steady_step_s"]
             memory = 1 - ours["peak_gib"] / peer["peak_gib"]
-            print(f"| {name} | ratio | **{speed:.1f}x faster** | | | | | | {memory:+.0%} less |")
+            ratio = f"reinforge **{speed:.1f}x faster**, {memory:+.0%} less memory"
+        print(
+            f"| {name} | {peer['peer']} | {peer['steady_step_s']} | "
+            f"{peer['generated_tok_per_s']:,} | {peer['peak_gib']} | {ratio} |"
+        )
+
+
+def run_workload(name: str, a, num_gpus: int, out: Path, results: dict) -> None:
+    """Every layout of one workload, baseline first, into `results[name]`; each printed, and
+    the JSON rewritten, as it finishes."""
+    w = WORKLOADS[name]
+    nprocs = [int(n) for n in a.nproc.split(",")]
+    staleness = [k for k in a.staleness.split(",") if k]
+    layouts, skipped = plan_layouts(
+        name, w, nprocs, num_gpus, a.weak, a.disagg, a.skip_strong, staleness
+    )
+    for line in skipped:
+        print(line, flush=True)
+    runs: dict[str, dict] = results.setdefault(name, {})
+    base, base_label = None, ""
+    for layout in layouts:
+        profile = a.profile_step if layout.nproc == 1 and layout.scaling == "strong" else 0
+        r = run_reinforge(name, w, a.steps, out, profile, layout.overrides, layout, a.run_timeout)
+        if (
+            "error" not in r
+            and base is None
+            and layout.scaling == "strong"
+            and not layout.generators
+        ):
+            base, base_label = r, layout.label  # the same-batch run on the fewest GPUs that ran
+        elif layout is layouts[0]:
+            print(f"{name}: the baseline failed; efficiency vs the next same-batch run", flush=True)
+        if "error" not in r and base is not None:
+            r["efficiency"], r["efficiency_vs"] = efficiency(r, base), base_label
+        runs[layout.label] = r
+        (out / "grpo_bench.json").write_text(json.dumps(results, indent=1))
+        print(name, layout.label, json.dumps(r), flush=True)
+        print(HEADER.splitlines()[0] + "\n" + table_row(name, layout.label, r), flush=True)
+        if a.also and layout.nproc == 1:
+            variant = run_reinforge(name, w, a.steps, out, 0, a.also.split(), None, a.run_timeout)
+            runs[f"1 GPU, {a.also}"] = variant
+            print(name, "reinforge", a.also, json.dumps(variant), flush=True)
+    if w.get("peer_micro_batch") and not a.skip_peer:
+        runs["peer"] = run_peer(name, w, a.peer_steps, out)
+        print(name, "peer", json.dumps(runs["peer"]), flush=True)
+    elif not a.skip_peer:
+        print(f"{name}: no peer ({w['why_no_peer']})", flush=True)
+    (out / "grpo_bench.json").write_text(json.dumps(results, indent=1))
 
 
 def main() -> None:
@@ -219,67 +296,72 @@ def main() -> None:
     p.add_argument(
         "--also",
         default="",
-        help="run reinforge once more with these overrides, e.g. 'train.compile=true'",
+        help="run reinforge on one GPU once more with these overrides, e.g. 'train.compile=true'",
     )
     p.add_argument(
         "--profile-step",
         type=int,
         default=0,
-        help="profile this RL step's update (reported steady figures then skip that step)",
+        help="profile this RL step's update of the one-GPU run (its steady figures skip it)",
     )
     p.add_argument(
         "--nproc",
-        type=int,
-        default=1,
-        help="also run reinforge on this many GPUs of the machine (torchrun + FSDP2, the same "
-        "config and global batch): one more row, 'reinforge N GPUs'",
+        default="1",
+        help="comma list of GPU counts, e.g. 1,2,4,8: the workload's global batch on each "
+        "(strong scaling; counts above the machine's GPUs are skipped with a line)",
     )
     p.add_argument(
         "--weak",
         action="store_true",
-        help="with --nproc N: one more N-GPU run with N times the prompts per step (the same "
-        "batch per GPU as the one-GPU run): throughput scaling at a fixed per-GPU batch",
+        help="also, for each N above the baseline's, N / N0 times the prompts per step (the "
+        "same batch per GPU as the baseline run on N0 GPUs): weak scaling",
+    )
+    p.add_argument(
+        "--disagg",
+        action="store_true",
+        help="also, for each N > 1, the disaggregated mode with 1 generator + N-1 trainers and "
+        "N/2 + N/2 (distributed.generators; algorithm.tis_cap = 2)",
+    )
+    p.add_argument(
+        "--skip-strong",
+        action="store_true",
+        help="no colocated same-batch runs beyond the baseline (to fit --weak / --disagg runs "
+        "in one call)",
     )
     p.add_argument(
         "--staleness",
         default="",
-        help="with --nproc N: one more N-GPU run in the disaggregated mode for each k of this "
-        "comma list (distributed.rollout_staleness, e.g. '0,1,2'; algorithm.tis_cap = 2)",
+        help="with --disagg: one run per k of this comma list (distributed.rollout_staleness, "
+        "e.g. '0,1'); default: the mode's k = 1",
     )
+    p.add_argument(
+        "--run-timeout",
+        type=float,
+        default=300,
+        help="seconds one reinforge run may take before it is killed (its logged steps are "
+        "still reported); 0 = none",
+    )
+    p.add_argument("--gpus", type=int, default=0, help="GPUs of the machine (0: count them)")
     p.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = {}
-    for name in a.workload:
-        w = WORKLOADS[name]
-        results[name] = {"reinforge": run_reinforge(name, w, a.steps, out, a.profile_step)}
-        print(name, "reinforge", json.dumps(results[name]["reinforge"]), flush=True)
-        if a.also:
-            variant = run_reinforge(name, w, a.steps, out, 0, a.also.split())
-            results[name][f"reinforge {a.also}"] = variant
-            print(name, "reinforge", a.also, json.dumps(variant), flush=True)
-        if a.nproc > 1:
-            variant = run_reinforge(name, w, a.steps, out, nproc=a.nproc)
-            results[name][f"reinforge {a.nproc} GPUs"] = variant
-            print(name, "reinforge", a.nproc, "GPUs", json.dumps(variant), flush=True)
-        if a.nproc > 1 and a.weak:  # the same batch per GPU: N times the prompts per step
-            wide = {**w, "prompts": w["prompts"] * a.nproc}
-            grow = [f"rollout.prompts_per_step={wide['prompts']}"]
-            variant = run_reinforge(name, wide, a.steps, out, overrides=grow, nproc=a.nproc)
-            results[name][f"reinforge {a.nproc} GPUs, {a.nproc}x prompts"] = variant
-            print(name, "reinforge", a.nproc, "GPUs weak", json.dumps(variant), flush=True)
-        for k in filter(None, a.staleness.split(",") if a.nproc > 1 else []):
-            disaggregated = ["distributed.mode=disaggregated", "algorithm.tis_cap=2.0"]
-            extra = [*disaggregated, f"distributed.rollout_staleness={k}"]
-            variant = run_reinforge(name, w, a.steps, out, overrides=extra, nproc=a.nproc)
-            results[name][f"reinforge {a.nproc} GPUs disaggregated k={k}"] = variant
-            print(name, "reinforge disaggregated k", k, json.dumps(variant), flush=True)
-        if not a.skip_peer:
-            results[name]["peer"] = run_peer(name, w, a.peer_steps, out)
-            print(name, "peer", json.dumps(results[name]["peer"]), flush=True)
-    (out / "grpo_bench.json").write_text(json.dumps(results, indent=1))
-    print_table(results)
+    num_gpus = a.gpus or gpu_count()
+    print(f"{num_gpus} GPU(s); efficiency = per-GPU generated tok/s / the baseline's", flush=True)
+    # run_gpu.sh's timeout: end the current run's processes (`run_until_logged`), print the table
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    results: dict = {}
+    try:
+        for name in a.workload:
+            run_workload(name, a, num_gpus, out, results)
+    finally:
+        print_table(results)
+
+
+def gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count()
 
 
 if __name__ == "__main__":

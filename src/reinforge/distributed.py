@@ -30,9 +30,11 @@ Contract:
   (`equal_micro_batches`, `in_lockstep`): each forward is a collective.
 - Metrics: `reduce_metrics` combines each rank's step metrics (mean, sum or max per key); rank 0
   alone writes files and prints.
-- Disaggregated (`distributed.mode = "disaggregated"`, `train.loop.disaggregated`): the last rank
-  only generates and the others train; "rank", "world size" and every reduction here then mean
-  the training processes' (`train_group`); the main process is rank 0, a trainer.
+- Disaggregated (`distributed.mode = "disaggregated"`, `train.loop.disaggregated`): the last
+  `distributed.generators` ranks only generate and the others train; "rank", "world size" and
+  every reduction here then mean the training processes' (`train_group`); the main process is
+  rank 0, a trainer. A generator's `share` is its slice of a step's prompts among the generators
+  (`generator_share`), so the sampler's per-prompt keys are those of one generator.
 """
 
 from __future__ import annotations
@@ -57,11 +59,13 @@ REDUCE_BUCKET_BYTES = 256 << 20
 
 # ------------------------------------------------------------------------------ the world
 
-# The ranks that train together (None: all of them), and whether this process only generates:
-# both set by `init_from_env` for the disaggregated mode (`train.loop.disaggregated`).
+# The ranks that train together (None: all of them), the ranks that only generate, and whether
+# this process is one of them: set by `init_from_env` for the disaggregated mode
+# (`train.loop.disaggregated`).
 _TRAIN_GROUP = None
+_GENERATORS: list[int] = []
 _IS_GENERATOR = False
-_LINK_GROUP = None  # the generator and rank 0 (the first trainer): weights go through it
+_LINK_GROUP = None  # rank 0 (the first trainer) and the generators: weights go through it
 
 
 def env_world_size() -> int:
@@ -75,10 +79,17 @@ def env_local_world_size() -> int:
 
 
 def env_train_size(cfg) -> int:
-    """Processes that will train `cfg` (all of torchrun's, less the generator when
+    """Processes that will train `cfg` (all of torchrun's, less the generators when
     disaggregated); readable before any init."""
-    mode = getattr(getattr(cfg, "distributed", None), "mode", "colocated")
-    return max(env_world_size() - (1 if mode == "disaggregated" else 0), 1)
+    return max(env_world_size() - env_generators(cfg), 1)
+
+
+def env_generators(cfg) -> int:
+    """Processes that will only generate for `cfg` (0 unless disaggregated)."""
+    section = getattr(cfg, "distributed", None)
+    if getattr(section, "mode", "colocated") != "disaggregated":
+        return 0
+    return section.generators
 
 
 def is_launched() -> bool:
@@ -126,21 +137,44 @@ def train_group():
 
 
 def link_group():
-    """The generator and rank 0 (the first trainer) of a disaggregated run."""
+    """Rank 0 (the first trainer) and the generators of a disaggregated run."""
     return _LINK_GROUP
 
 
+def generator_ranks() -> list[int]:
+    """The global ranks that only generate (the last ones; none outside the disaggregated
+    mode)."""
+    return list(_GENERATORS)
+
+
+def generator_share(count: int, index: int, num_generators: int) -> range:
+    """Generator `index`'s slice of a step's `count` prompts: consecutive, as equal as they can
+    be (the first `count % num_generators` take one more), so any count splits."""
+    per, extra = divmod(count, num_generators)
+    start = index * per + min(index, extra)
+    return range(start, start + per + (index < extra))
+
+
 def init_from_env(
-    device_setting: str, disaggregated: bool = False, timeout_s: float | None = None
+    device_setting: str,
+    disaggregated: bool = False,
+    timeout_s: float | None = None,
+    generators: int = 1,
 ) -> None:
     """Start the process group when torchrun launched more than one process (idempotent).
-    `disaggregated`: the last rank only generates, the other ranks train (rank 0 is then a
-    trainer, and the main process, as in every mode: transformers writes a checkpoint's weights
-    from global rank 0 only). `timeout_s`: how long a collective waits for the others
+    `disaggregated`: the last `generators` ranks only generate, the other ranks train (rank 0 is
+    then a trainer, and the main process, as in every mode: transformers writes a checkpoint's
+    weights from global rank 0 only). `timeout_s`: how long a collective waits for the others
     (`distributed.collective_timeout_s`; None: torch's default)."""
-    global _TRAIN_GROUP, _IS_GENERATOR, _LINK_GROUP
-    if env_world_size() <= 1 or is_launched():
+    world = env_world_size()
+    if world <= 1 or is_launched():
         return
+    if disaggregated and generators >= world:
+        raise ConfigError(
+            f"distributed.generators = {generators} with {world} processes (WORLD_SIZE) leaves "
+            f"none to train; set distributed.generators = {world - 1} or fewer, or start more "
+            "processes"
+        )
     uses_cuda = device_setting != "cpu" and torch.cuda.is_available()
     if device_setting not in ("auto", "cuda", "cpu"):
         raise ConfigError(
@@ -159,21 +193,39 @@ def init_from_env(
     timeout = None if timeout_s is None else timedelta(seconds=timeout_s)
     torch.distributed.init_process_group(backend=backend, timeout=timeout)
     if disaggregated:
-        generator = torch.distributed.get_world_size() - 1
-        _TRAIN_GROUP = torch.distributed.new_group(list(range(generator)), timeout=timeout)
-        _LINK_GROUP = torch.distributed.new_group([0, generator], timeout=timeout)
-        _IS_GENERATOR = torch.distributed.get_rank() == generator
+        _split_roles(world, generators, timeout)
     if not is_main():  # one console: the main process prints, the others only on failure
         from reinforge.metrics import console
 
         console.quiet = True
 
 
+def _split_roles(world: int, generators: int, timeout: timedelta | None) -> None:
+    """The disaggregated mode's groups: the first ranks train, the last `generators` generate."""
+    global _TRAIN_GROUP, _GENERATORS, _IS_GENERATOR, _LINK_GROUP
+    num_trainers = world - generators
+    _GENERATORS = list(range(num_trainers, world))
+    _TRAIN_GROUP = torch.distributed.new_group(list(range(num_trainers)), timeout=timeout)
+    _LINK_GROUP = torch.distributed.new_group([0, *_GENERATORS], timeout=timeout)
+    _IS_GENERATOR = torch.distributed.get_rank() in _GENERATORS
+    if torch.distributed.get_rank() == 0:
+        from reinforge.metrics import console
+
+        console.print(
+            f"disaggregated: {_ranks(num_trainers, world - 1)} generate (distributed.generators "
+            f"= {generators}), {_ranks(0, num_trainers - 1)} train"
+        )
+
+
+def _ranks(first: int, last: int) -> str:
+    return f"rank {first}" if first == last else f"ranks {first}-{last}"
+
+
 def shutdown() -> None:
-    global _TRAIN_GROUP, _IS_GENERATOR, _LINK_GROUP
+    global _TRAIN_GROUP, _GENERATORS, _IS_GENERATOR, _LINK_GROUP
     if is_launched():
         torch.distributed.destroy_process_group()
-    _TRAIN_GROUP, _IS_GENERATOR, _LINK_GROUP = None, False, None
+    _TRAIN_GROUP, _GENERATORS, _IS_GENERATOR, _LINK_GROUP = None, [], False, None
 
 
 def barrier() -> None:
@@ -189,7 +241,11 @@ def barrier_all() -> None:
 
 
 def share(count: int) -> range:
-    """This rank's slice of `count` items of a step (preflight checks that the ranks divide it)."""
+    """This rank's slice of `count` items of a step (preflight checks that the ranks divide it);
+    a generator's: its slice among the generators (`generator_share`)."""
+    if _IS_GENERATOR:
+        index = _GENERATORS.index(torch.distributed.get_rank())
+        return generator_share(count, index, len(_GENERATORS))
     size = world_size()
     assert count % size == 0, f"{count} items do not divide among {size} ranks"
     per_rank = count // size
@@ -251,10 +307,21 @@ def reduce_metrics(
         return metrics
     gathered: list[dict[str, float]] = [{} for _ in range(world_size())]
     torch.distributed.all_gather_object(gathered, metrics, group=_TRAIN_GROUP)
-    keys = dict.fromkeys(k for part in gathered for k in part)  # rank 0's order first
+    return combine_metrics(gathered, summed, maxed, minned)
+
+
+def combine_metrics(
+    parts: list[dict[str, float]],
+    summed: set[str] = frozenset(),
+    maxed: set[str] = frozenset(),
+    minned: set[str] = frozenset(),
+) -> dict[str, float]:
+    """One dict from several (`reduce_metrics`' rule): sums, maxima, minima, the rest means; a
+    key some parts lack is combined over the others."""
+    keys = dict.fromkeys(k for part in parts for k in part)  # the first part's order first
     out = {}
     for key in keys:
-        values = [float(part[key]) for part in gathered if key in part]
+        values = [float(part[key]) for part in parts if key in part]
         if key in summed:
             out[key] = sum(values)
         elif key in maxed:

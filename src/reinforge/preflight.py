@@ -173,8 +173,10 @@ def _check_distributed(cfg, pf: Preflight) -> None:
             )
         return
     trainers = env_train_size(cfg)
+    g = cfg.distributed.generators if disaggregated else 1
+    generating = "rank generates" if g == 1 else f"{g} ranks generate (distributed.generators)"
     how = (
-        f"disaggregated: the last rank generates every rollout, {trainers} train on them up to "
+        f"disaggregated: the last {generating} every rollout, {trainers} train on them up to "
         f"{cfg.distributed.staleness} step(s) behind (distributed.rollout_staleness)"
         if disaggregated
         else "each generates for its share of the prompts and trains"

@@ -253,6 +253,7 @@ def run_command(args) -> int:
         cfg.run.device,
         disaggregated=dist_cfg.mode == "disaggregated",
         timeout_s=dist_cfg.collective_timeout_s,
+        generators=dist_cfg.generators,
     )
     try:
         if distributed.is_launched():  # every process runs the same settings, or none runs

@@ -15,13 +15,21 @@ class DistributedSection(Section):
     mode: Literal["colocated", "disaggregated"] = "colocated"
     """How the processes of a torchrun launch share the work (ignored in a single process):
     "colocated": every process generates for its share of a step's prompts and trains (FSDP2,
-    the global batch's loss); "disaggregated": the last rank only generates, with its own copy
-    of the weights, while the other processes train; the trainers broadcast the weights to it after each
-    optimizer step and it generates ahead meanwhile, so a step trains on samples from weights
-    up to distributed.rollout_staleness steps old. The sampler/trainer mismatch is reported as
-    `kl_sampler`; algorithm.tis_cap corrects for it (set it, e.g. 2.0)."""
+    the global batch's loss); "disaggregated": the last distributed.generators ranks only
+    generate, each with its own copy of the weights, while the other processes train; the
+    trainers broadcast the weights to them after each optimizer step and they generate ahead
+    meanwhile, so a step trains on samples from weights up to distributed.rollout_staleness
+    steps old. The sampler/trainer mismatch is reported as `kl_sampler`; algorithm.tis_cap
+    corrects for it (set it, e.g. 2.0)."""
+    generators: int = 1
+    """The disaggregated mode only: how many processes generate (the last ranks of the launch;
+    the others train, so at least one must be left: checked at start, where the number of
+    processes is known). Each step's prompts are split among them, each sampling its share with
+    the same per-prompt seeds one generator would use, so the rollout does not depend on how
+    many there are; the trainers receive every share and broadcast the weights to all of them
+    after each optimizer step."""
     rollout_staleness: int | None = None
-    """The disaggregated mode only: how many optimizer steps the generator may run ahead of the
+    """The disaggregated mode only: how many optimizer steps each generator may run ahead of the
     trainers (k). It keeps up to k sampled rollouts queued, each tagged with the weights that
     sampled it, so step s trains on samples from the weights of step s - 1 - k at the oldest
     (logged per step: `rollout_staleness`, `rollout_weights_step`). 0: the generator waits for
@@ -32,7 +40,7 @@ class DistributedSection(Section):
     are not saved: a resumed run samples its first rollout from the checkpoint's weights."""
 
     @model_validator(mode="after")
-    def _staleness_fits_the_mode(self) -> DistributedSection:
+    def _disaggregated_settings_fit_the_mode(self) -> DistributedSection:
         k = self.rollout_staleness
         if k is not None and k < 0:
             raise ValueError(
@@ -47,6 +55,18 @@ class DistributedSection(Section):
                 "the trainers; the colocated mode always samples with the current weights. "
                 "Set distributed.mode = 'disaggregated' (under torchrun with 2 or more "
                 "processes), or remove distributed.rollout_staleness"
+            )
+        g = self.generators
+        if g < 1:
+            raise ValueError(
+                f"distributed.generators = {g}: it counts the processes that generate in the "
+                "disaggregated mode; set 1 (or more, leaving at least one process to train)"
+            )
+        if g > 1 and self.mode != "disaggregated":
+            raise ValueError(
+                f"distributed.generators = {g} needs distributed.mode = 'disaggregated' (mode "
+                f"is {self.mode!r}): in the colocated mode every process generates its share. "
+                "Set distributed.mode = 'disaggregated', or distributed.generators = 1"
             )
         return self
 

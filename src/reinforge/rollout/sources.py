@@ -1,26 +1,34 @@
 """Where a step's groups come from: this process's engine, or the generator rank.
 
 `sample_groups` is the one rollout of a training step, whatever the task: the step's prompts
-(this rank's share), `rollout.samples_per_prompt` episodes of each through
+(this rank's share, or this generator's), `rollout.samples_per_prompt` episodes of each through
 `trajectories.play`, scored; with dynamic sampling (DAPO) rounds of it until enough groups carry
 signal. `LocalRollouts` runs it here; `RemoteRollouts` is a trainer's side of the disaggregated
-mode (`distributed.mode = "disaggregated"`), where the last rank runs it for everyone and the
-trainers send their weights back (the generator's loop: `train/loop/disaggregated.py`).
+mode (`distributed.mode = "disaggregated"`), where the last `distributed.generators` ranks run it
+for everyone, each for its slice of the prompts, and the trainers send their weights back (the
+generators' loop: `train/loop/disaggregated.py`).
 
 The disaggregated protocol (blocking messages in one order on both sides; rollouts point to
-point, weights broadcast from rank 0 to the generator over `distributed.link_group`):
+point, weights broadcast from rank 0 to every generator over `distributed.link_group`):
 
     trainer, step s:    after the first step, send the weights of step s - 1 (all trainers
-                        gather them; the first sends); receive rollout(s); train step s
+                        gather them; the first sends); receive rollout(s) from each generator
+                        in rank order (the groups of its slice that fall in this trainer's
+                        share, possibly none); train step s
     generator, step s:  (its link thread) after the first step, receive the weights of step
-                        s - 1 (or a stop); send each trainer its share of rollout(s) once it is
-                        sampled; meanwhile its sampling thread samples ahead
+                        s - 1 (or a stop); send each trainer, in rank order, its part of the
+                        generator's slice of rollout(s) once it is sampled; meanwhile its
+                        sampling thread samples ahead
+
+Generator g's sends wait only on trainers receiving from generators before g, and those on
+sends to trainers before, so the order cannot deadlock.
 
 With k = `distributed.rollout_staleness`, rollout(t) is sampled from the weights of step
 t - 1 - k or later (the newest received), so step s trains on samples up to k optimizer steps
-old (`rollout_staleness` = s - 1 - `rollout_weights_step`: 0 on the first step after a start or
-resume). k = 0 is on-policy. Only the trainable tensors travel: the whole model in full
-fine-tuning, the adapters under LoRA. The generator's side: `train/loop/disaggregated.py`.
+old (`rollout_staleness` = s - 1 - `rollout_weights_step`, over the generators' oldest: 0 on the
+first step after a start or resume). k = 0 is on-policy. Only the trainable tensors travel: the
+whole model in full fine-tuning, the adapters under LoRA. The generators' side:
+`train/loop/disaggregated.py`.
 """
 
 from __future__ import annotations
@@ -33,7 +41,15 @@ import torch
 
 from reinforge import faults
 from reinforge.algorithms.dapo import filter_zero_variance_groups
-from reinforge.distributed import full_weights, is_launched, is_main, link_group, share
+from reinforge.distributed import (
+    combine_metrics,
+    full_weights,
+    generator_ranks,
+    is_launched,
+    is_main,
+    link_group,
+    share,
+)
 from reinforge.engine.lora_merge import note_weights_changed
 from reinforge.envs.agent_task import AgentTasks
 from reinforge.envs.env_tasks import EnvTasks, single_turn_tasks
@@ -133,15 +149,11 @@ def has_signal(groups: list[Group]) -> list[bool]:
     return filter_zero_variance_groups(rewards_B, group_sizes=sizes).tolist()
 
 
-def generator_rank() -> int:
-    return torch.distributed.get_world_size() - 1
-
-
 @dataclass
 class Rollout:
     """What the generator sends a trainer for one step."""
 
-    groups: list[Group]  # this trainer's share
+    groups: list[Group]  # this trainer's share (of one generator's slice)
     metrics: dict[str, float]  # the sampling's own (rounds, reward errors, generation time)
     data_position: int  # after this step's prompts
     weights_step: int  # the optimizer step whose weights sampled it
@@ -169,18 +181,20 @@ class RemoteRollouts:
         if step > self.first_step:
             send_weights(policy.model, go=True)
         self.generator_waits = False
-        received: list = [None]
-        torch.distributed.recv_object_list(received, src=generator_rank())
-        rollout: Rollout = received[0]
-        assert rollout.step == step, (rollout.step, step)
-        state.data_position = rollout.data_position
+        parts = [receive_rollout(generator) for generator in generator_ranks()]
+        assert all(part.step == step for part in parts), ([p.step for p in parts], step)
+        state.data_position = parts[0].data_position
         self.generator_waits = step < self.max_steps
+        groups = [group for part in parts for group in part.groups]
+        weights_step = min(part.weights_step for part in parts)  # the oldest samples
+        # the generators' own metrics once, on the main trainer (the others add nothing to them)
+        sampler = [part.metrics for part in parts] if is_main() else []
         metrics = {
-            **rollout.metrics,
-            "rollout_staleness": float(step - 1 - rollout.weights_step),
-            "rollout_weights_step": float(rollout.weights_step),
+            **combine_metrics(sampler, SAMPLER_SUMMED, SAMPLER_MAXED),
+            "rollout_staleness": float(step - 1 - weights_step),
+            "rollout_weights_step": float(weights_step),
         }
-        return rollout.groups, rollout.groups, metrics
+        return groups, groups, metrics
 
     def close(self) -> None:
         """After the last step trained: a generator still waiting for weights is told to stop
@@ -188,6 +202,17 @@ class RemoteRollouts:
         if self.generator_waits:
             send_weights(None, go=False)
             self.generator_waits = False
+
+
+# How the generators' metrics of one rollout combine (the rest: means).
+SAMPLER_SUMMED = {"sampler_tokens_per_s", "reward_errors", "reward_nonfinite"}
+SAMPLER_MAXED = {"sampler_generate_s", "rollouts_queued"}
+
+
+def receive_rollout(generator: int) -> Rollout:
+    received: list = [None]
+    torch.distributed.recv_object_list(received, src=generator)
+    return received[0]
 
 
 def rollout_source(cfg, state) -> LocalRollouts | RemoteRollouts:

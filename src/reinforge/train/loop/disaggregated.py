@@ -1,11 +1,14 @@
-"""The generator's whole run in the disaggregated mode (`distributed.mode = "disaggregated"`):
-the last rank samples every step's rollout with its own copy of the weights and sends each
-trainer its share; the protocol and the trainers' side are `rollout.sources`.
+"""A generator's whole run in the disaggregated mode (`distributed.mode = "disaggregated"`):
+the last `distributed.generators` ranks sample every step's rollout, each its slice of the
+prompts (`distributed.generator_share`) with its own copy of the weights, and send each trainer
+the part of the slice that falls in the trainer's share; the protocol and the trainers' side
+are `rollout.sources`. A prompt samples the same on any generator (the sampler keys its noise by
+the global prompt index), so the rollout does not depend on how many generators there are.
 
-Off-policy by k steps (`distributed.rollout_staleness = k`): rollout(t) may be sampled once the
-generator holds the weights of step t - 1 - k or later, so step s trains on samples at most k
-steps old, and up to k rollouts wait in a queue, each tagged with the optimizer step whose
-weights sampled it. k = 0 waits for each step's weights (on-policy).
+Off-policy by k steps (`distributed.rollout_staleness = k`, per generator): rollout(t) may be
+sampled once a generator holds the weights of step t - 1 - k or later, so step s trains on
+samples at most k steps old, and up to k rollouts wait in a queue, each tagged with the
+optimizer step whose weights sampled it. k = 0 waits for each step's weights (on-policy).
 
 Two threads, so that sampling never holds up the trainers' hand-over: the main thread samples
 (with the newest weights received, copied into the model between rollouts) and queues; the link
@@ -32,29 +35,26 @@ from collections.abc import Iterator
 import torch
 
 from reinforge import watchdog
-from reinforge.distributed import rank, world_size
+from reinforge.distributed import generator_ranks, rank, share, world_size
 from reinforge.engine.cuda_graphs import CAPTURE_LOCK
 from reinforge.envs.env_tasks import single_turn_tasks
-from reinforge.rollout.sources import (
-    Rollout,
-    generator_rank,
-    receive_weights,
-    sample_groups,
-    trainable,
-)
+from reinforge.rollout.sources import Rollout, receive_weights, sample_groups, trainable
 from reinforge.run import RunContext, Summary
 from reinforge.train.loop.session import load_policy, run_tasks
 
 
 def generate_for_trainers(cfg, ctx: RunContext) -> Summary:
-    """The generator's whole run: one rollout per step of the global batch, shared among the
-    trainers (ranks 0 .. N - 2; this process is rank N - 1)."""
-    assert rank() == 0 and world_size() == 1, "the generator samples the whole batch"
+    """A generator's whole run: its slice of every step's rollout, shared among the trainers
+    (ranks 0 .. N - G - 1; the generators are the last G)."""
+    assert rank() == 0 and world_size() == 1, "a generator trains with no one"
     policy, state, _ = load_policy(cfg, ctx)  # the latest checkpoint's weights on resume
     tasks = single_turn_tasks(run_tasks(cfg, policy), cfg.task.rewards)
     summary = Summary("train", ctx.run_dir, final_step=state.step)
     first, last = state.step + 1, cfg.run.max_steps
-    ahead = Lookahead(trainable(policy.model), state.step, cfg.distributed.staleness)
+    count = cfg.rollout.prompts_per_step
+    ahead = Lookahead(
+        trainable(policy.model), state.step, cfg.distributed.staleness, share(count), count
+    )
     link = threading.Thread(
         target=ahead.serve_trainers, args=(first, last), name="trainer-link", daemon=True
     )
@@ -79,12 +79,20 @@ class Lookahead:
     """What the sampling thread and the link thread share: the queue of rollouts sampled
     ahead, the weights received (staged) and those in the model, under one condition."""
 
-    def __init__(self, model_tensors: list[torch.Tensor], weights_step: int, staleness: int):
+    def __init__(
+        self,
+        model_tensors: list[torch.Tensor],
+        weights_step: int,
+        staleness: int,
+        prompts: range = range(0),
+        count: int = 0,
+    ):
         self.model_tensors = model_tensors
         # k = 0 never samples while weights arrive: they can land in the model itself
         self.staging = [t.detach().clone() for t in model_tensors] if staleness else model_tensors
         self.staleness = staleness
         self.on_gpu = bool(model_tensors) and model_tensors[0].is_cuda
+        self.prompts, self.count = prompts, count  # this generator's slice of a step's prompts
         self.weights_step = weights_step  # the optimizer step whose weights the model holds
         self.staged_step = weights_step  # the newest weights received
         self.queue: deque[Rollout] = deque()
@@ -131,7 +139,7 @@ class Lookahead:
                     rollout = self.queue.popleft()
                 assert rollout.step == step, (rollout.step, step)
                 rollout.metrics["rollouts_queued"] = float(len(self.queue))
-                send_shares(rollout, list(range(generator_rank())))
+                send_shares(rollout, self.prompts, self.count, min(generator_ranks()))
         except BaseException as error:  # re-raised by the sampling thread
             self.link_error = error
         finally:
@@ -157,12 +165,28 @@ class Lookahead:
             raise self.link_error
 
 
-def send_shares(rollout: Rollout, trainers: list[int]) -> None:
-    """Each trainer its equal share of the rollout's groups, in rank order."""
-    per_trainer = len(rollout.groups) // len(trainers)
-    for index, trainer in enumerate(trainers):
-        share = rollout.groups[index * per_trainer : (index + 1) * per_trainer]
+def send_shares(rollout: Rollout, prompts: range, count: int, num_trainers: int) -> None:
+    """Each trainer (ranks 0 .. num_trainers - 1, in order) the groups of this generator's
+    slice (`prompts`, of the step's `count`) that fall in its equal share, possibly none."""
+    assert len(rollout.groups) == len(prompts), (len(rollout.groups), prompts)
+    for trainer, part in enumerate(trainer_parts(prompts, count, num_trainers)):
         message = Rollout(
-            share, rollout.metrics, rollout.data_position, rollout.weights_step, rollout.step
+            rollout.groups[part.start : part.stop],
+            rollout.metrics,
+            rollout.data_position,
+            rollout.weights_step,
+            rollout.step,
         )
         torch.distributed.send_object_list([message], dst=trainer)
+
+
+def trainer_parts(prompts: range, count: int, num_trainers: int) -> list[range]:
+    """Per trainer, which of a generator's groups (indices into its slice `prompts` of a step's
+    `count` prompts) fall in the trainer's equal share of the step."""
+    per_trainer = count // num_trainers
+    parts = []
+    for trainer in range(num_trainers):
+        first = max(prompts.start, trainer * per_trainer)
+        last = min(prompts.stop, (trainer + 1) * per_trainer)
+        parts.append(range(first - prompts.start, max(last, first) - prompts.start))
+    return parts
