@@ -18,7 +18,13 @@ PACKAGE = Path(reinforge.__file__).parent
 LAYERS = [
     ["reinforge.errors", "reinforge.types"],
     # process-wide services: hang watchdog, fault drills, metrics sinks, torchrun helpers
-    ["reinforge.watchdog", "reinforge.faults", "reinforge.metrics", "reinforge.distributed"],
+    [
+        "reinforge.watchdog",
+        "reinforge.faults",
+        "reinforge.metrics",
+        "reinforge.distributed",
+        "reinforge.sharding",
+    ],
     # pure parts: tensors and text in, numbers out
     ["reinforge.algorithms", "reinforge.rewards", "reinforge.data"],
     [

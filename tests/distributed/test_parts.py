@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from reinforge import distributed
+from reinforge import distributed, sharding
 from reinforge.config import TrainConfig, load_config
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.paged import PagedEngine
@@ -136,7 +136,7 @@ def test_auto_replicates_a_model_that_fits_whole_and_shards_one_that_does_not():
     rows = {item: (size, note) for item, size, note in plan.rows}
     assert rows["weights"][0] == small.num_params * 2  # whole
     assert "whole, on each of 2 processes" in rows["weights"][1]
-    assert rows["gradient all-reduce bucket"][0] == distributed.REDUCE_BUCKET_BYTES
+    assert rows["gradient all-reduce bucket"][0] == sharding.REDUCE_BUCKET_BYTES
     assert plan_strategy(on_two, "fsdp")[1] is False
     # qwen3-8b, full fine-tune with float32 AdamW states on two 80 GB GPUs: only shards fit
     big = ModelShape(8_190_735_360, 36, 4096, 12288, 32, 8, 128, 151_936)
@@ -169,7 +169,7 @@ def test_one_process_starts_no_process_group_and_shares_everything(monkeypatch):
     metrics = {"loss": 0.5, "step_s": 1.0}
     assert distributed.reduce_metrics(metrics, summed={"loss"}) is metrics
     model = torch.nn.Linear(2, 2)
-    assert distributed.shard_model(model) is model
+    assert sharding.shard_model(model) is model
 
 
 def test_preflight_of_the_disaggregated_mode_counts_the_trainers(monkeypatch):
@@ -194,17 +194,17 @@ def _average_gradients_on_rank(rank: int, port: int, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
     try:
-        distributed.REDUCE_BUCKET_BYTES = 8 * 4
+        sharding.REDUCE_BUCKET_BYTES = 8 * 4
         torch.manual_seed(rank)  # different weights: broadcast_from_rank0 must equalise them
         model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
         model[1].requires_grad_(True)
-        distributed.shard_model(model, replicate=True)
-        assert distributed.is_replicated(model) and not distributed.in_lockstep(model)
+        sharding.shard_model(model, replicate=True)
+        assert sharding.is_replicated(model) and not sharding.in_lockstep(model)
         x = torch.full((1, 3), float(rank + 1))
         out = model(x) if rank == 0 else model[0](x)
         out.sum().backward()
         before = {n: p.grad.tolist() for n, p in model.named_parameters() if p.grad is not None}
-        distributed.all_reduce_gradients(model)
+        sharding.all_reduce_gradients(model)
         after = {n: p.grad.tolist() for n, p in model.named_parameters()}
         weights = {n: p.detach().tolist() for n, p in model.named_parameters()}
         results.put((rank, before, after, weights))  # plain lists: no shared memory

@@ -58,9 +58,10 @@ from reinforge.checkpoint.files import (
     write_atomic,
 )
 from reinforge.checkpoint.manifest import OnDamaged, choose_intact
-from reinforge.distributed import any_rank, is_distributed, local_tensor, rank
+from reinforge.distributed import any_rank, is_distributed, rank
 from reinforge.errors import RunFailure
 from reinforge.faults import maybe_fail
+from reinforge.sharding import local_tensor
 
 
 class NonFiniteState(RunFailure):

@@ -43,7 +43,6 @@ from reinforge import faults
 from reinforge.algorithms.dapo import filter_zero_variance_groups
 from reinforge.distributed import (
     combine_metrics,
-    full_weights,
     generator_ranks,
     is_launched,
     is_main,
@@ -57,6 +56,7 @@ from reinforge.rollout.agents import play_agents
 from reinforge.rollout.branching import Branching
 from reinforge.rollout.sampling import rollout_sampling
 from reinforge.rollout.trajectories import play
+from reinforge.sharding import full_weights
 from reinforge.types import Group
 
 FIRST_TRAINER_RANK = 0  # it sends the weights

@@ -21,9 +21,9 @@ from reinforge.algorithms.value import ValueHead
 from reinforge.checkpoint import TrainerState, load_extra_state, load_optimizer, restore_rng
 from reinforge.checkpoint.files import Saved
 from reinforge.config import TrainConfig
-from reinforge.distributed import in_lockstep, is_replicated, shard_model
 from reinforge.models.loading import load_model, model_source
 from reinforge.run import RunContext
+from reinforge.sharding import in_lockstep, is_replicated, shard_model
 from reinforge.train.loop.advantage_step import Algorithm, StepBatch
 from reinforge.train.loop.session import Policy
 from reinforge.train.packing.attention import select_packed_attention

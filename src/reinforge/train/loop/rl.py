@@ -17,14 +17,7 @@ from reinforge import faults, watchdog
 from reinforge.checkpoint import TrainerState, rng_state, wait_for_saves
 from reinforge.checkpoint.files import Saved, latest_checkpoint
 from reinforge.config import TrainConfig
-from reinforge.distributed import (
-    any_rank,
-    full_weights,
-    is_distributed,
-    is_generator,
-    is_main,
-    reduce_metrics,
-)
+from reinforge.distributed import any_rank, is_distributed, is_generator, is_main, reduce_metrics
 from reinforge.envs.env_tasks import EnvTasks, single_turn_tasks
 from reinforge.eval import logged_metrics
 from reinforge.metrics import console, episode_fields, format_line, plot_curves
@@ -32,6 +25,7 @@ from reinforge.rollout.sources import LocalRollouts, RemoteRollouts, rollout_sou
 from reinforge.rollout.trajectories import SUMMED as EPISODE_SUMS
 from reinforge.rollout.trajectories import episode_metrics, tool_use_notes
 from reinforge.run import RunContext, Stopped, Summary
+from reinforge.sharding import full_weights
 from reinforge.train.loop.advantage_step import assign_advantages, build_step_batch
 from reinforge.train.loop.diagnostics import (
     device_memory_metrics,

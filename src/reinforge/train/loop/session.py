@@ -23,7 +23,7 @@ from reinforge.checkpoint import (
     save_checkpoint,
 )
 from reinforge.checkpoint.files import Saved, checkpoints_dir, latest_checkpoint
-from reinforge.distributed import any_rank, is_generator, is_main, shard_model, share
+from reinforge.distributed import any_rank, is_generator, is_main, share
 from reinforge.engine.base import Engine
 from reinforge.engine.factory import build_engine
 from reinforge.envs.env_tasks import EnvTasks
@@ -31,6 +31,7 @@ from reinforge.eval import EvalResult, evaluate
 from reinforge.metrics import MetricsLogger, NullLogger, console
 from reinforge.models.loading import load_tokenizer, model_source, resolve_device, resolve_dtype
 from reinforge.run import RunContext, Stopped
+from reinforge.sharding import shard_model
 from reinforge.tasks import task_source_for
 from reinforge.train.loop.nonfinite import enforce_non_finite_policy
 from reinforge.train.packing.forward import packed_logprobs

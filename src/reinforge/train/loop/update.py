@@ -22,13 +22,8 @@ from reinforge.algorithms.losses import LossInputs
 from reinforge.algorithms.mismatch import mismatch_kl
 from reinforge.algorithms.value import clipped_value_loss
 from reinforge.config import TrainConfig
-from reinforge.distributed import (
-    accumulation,
-    clip_grad_norm,
-    in_lockstep,
-    loss_scale,
-    reduce_metrics,
-)
+from reinforge.distributed import loss_scale, reduce_metrics
+from reinforge.sharding import accumulation, clip_grad_norm, in_lockstep
 from reinforge.train.loop.advantage_step import StepBatch
 from reinforge.train.loop.diagnostics import clip_fractions, measure_policy_change
 from reinforge.train.loop.learner import Learner

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforge.distributed import PACKED_FORWARD, in_lockstep, max_over_ranks
+from reinforge.distributed import max_over_ranks
+from reinforge.sharding import PACKED_FORWARD, in_lockstep
 from reinforge.train.packing import (
     PackedBatch,
     PackSequence,
@@ -51,7 +52,7 @@ def micro_batches(
     """Indices of the sequences in each micro-batch (each sorted), at most `max_tokens` tokens
     per micro-batch, a group's shared prompt counted once (its sequences are kept together where
     they fit); a sequence longer than that is a `ConfigError` naming the setting. `lockstep`
-    (`distributed.in_lockstep` of the model: FSDP): as many micro-batches on every rank."""
+    (`sharding.in_lockstep` of the model: FSDP): as many micro-batches on every rank."""
     lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
     completion_lengths = [len(c) for c in completions]
     plan = plan_shared_micro_batches(

@@ -80,7 +80,7 @@ class MemoryChoice:
     # plan and no setting: the engine's own default)
     kv_cache_bytes: int | None = None
     num_shards: int = 1  # processes training together; the plan is one process's
-    accumulate_unsharded: bool = False  # FSDP: see `distributed.accumulation`
+    accumulate_unsharded: bool = False  # FSDP: see `sharding.accumulation`
     replicated: bool = False  # each process holds the whole model (`distributed.strategy`)
     # how the engine decodes a LoRA model: the plan's "merged" / "adapters", or the setting
     # ("auto" without a plan: the engine decides); `lora_generation_note` says why

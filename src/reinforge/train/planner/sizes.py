@@ -45,7 +45,7 @@ gathers all the weights, so it holds the full weights beside the process's own s
 
 Replicated (`replicas` = N processes each holding the whole model, `distributed.strategy`):
 one process's plan, plus a float32 bucket for averaging gradients over the processes
-(`distributed.REDUCE_BUCKET_BYTES`, or all the trainable parameters x 4 B when fewer).
+(`sharding.REDUCE_BUCKET_BYTES`, or all the trainable parameters x 4 B when fewer).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from reinforge.distributed import REDUCE_BUCKET_BYTES
+from reinforge.sharding import REDUCE_BUCKET_BYTES
 from reinforge.train.packing.logprobs import DEFAULT_CHUNK_SIZE
 
 MiB = 1 << 20

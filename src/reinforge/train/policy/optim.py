@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from reinforge.distributed import local_tensor
+from reinforge.sharding import local_tensor
 
 STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -19,14 +19,9 @@ import time
 import torch
 
 from reinforge.data.chat import chat_example, eos_ids
-from reinforge.distributed import (
-    accumulation,
-    clip_grad_norm,
-    in_lockstep,
-    loss_scale,
-    sum_over_ranks,
-)
+from reinforge.distributed import loss_scale, sum_over_ranks
 from reinforge.envs.env_tasks import EnvTasks
+from reinforge.sharding import accumulation, clip_grad_norm, in_lockstep
 from reinforge.train.packing.forward import completion_rows, micro_batches
 from reinforge.train.policy.optim import advance_schedule
 from reinforge.types import Message, Task
@@ -77,7 +72,7 @@ def sft_step(
     `poison` (a fault-injection drill) makes the loss NaN. `masks` (one 0/1 per response token)
     leaves tokens out of the loss, such as a conversation's user turns; default: all count.
     In a distributed run these are this rank's share of the batch; the loss is the global
-    batch's token mean; `accumulate_unsharded`: see `distributed.accumulation`."""
+    batch's token mean; `accumulate_unsharded`: see `sharding.accumulation`."""
     start = time.perf_counter()
     lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
     if micro_batch_tokens is None:
