@@ -29,8 +29,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
 from reinforge.engine.base import SamplingParams  # noqa: E402
-from reinforge.engine.model_runner import kv_bytes_per_block  # noqa: E402
 from reinforge.engine.paged import PagedEngine  # noqa: E402
+from reinforge.engine.pool_size import kv_bytes_per_block  # noqa: E402
 from reinforge.engine.qwen_forward import ModelShape  # noqa: E402
 
 

@@ -8,8 +8,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.factory import build_engine
-from reinforge.engine.model_runner import kv_bytes_per_block
 from reinforge.engine.paged import PagedEngine
+from reinforge.engine.pool_size import kv_bytes_per_block
 from reinforge.engine.simple import SimpleEngine
 from reinforge.errors import ConfigError
 

@@ -129,7 +129,7 @@ def test_bf16_sampled_logprobs_match_teacher_forcing(micro_dir, tokenizer):
 
 
 def test_default_pool_takes_free_memory_less_the_reserve(micro_dir, tokenizer):
-    from reinforge.engine.model_runner import kv_bytes_per_block
+    from reinforge.engine.pool_size import kv_bytes_per_block
 
     model = build_model("qwen2", micro_dir, tokenizer).to(CUDA, torch.bfloat16)
     free_before, _ = torch.cuda.mem_get_info()

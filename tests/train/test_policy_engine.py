@@ -7,8 +7,8 @@ import torch
 
 from reinforge.config import TrainConfig, load_config
 from reinforge.engine.block_manager import pages_to_run_at_once
-from reinforge.engine.model_runner import kv_bytes_per_block
 from reinforge.engine.paged import PagedEngine
+from reinforge.engine.pool_size import kv_bytes_per_block
 from reinforge.engine.simple import SimpleEngine
 from reinforge.models.loading import load_model, load_tokenizer, model_source
 from reinforge.train.loop.session import policy_engine

@@ -20,10 +20,9 @@ from reinforge.engine import moe
 from reinforge.engine.base import GenerationStats, SamplingParams
 from reinforge.engine.block_manager import BlockManager, pages_to_run_at_once
 from reinforge.engine.lora_merge import merged_bytes, resolve_mode
-from reinforge.engine.model_runner import (
+from reinforge.engine.model_runner import LaunchedStep, ModelRunner
+from reinforge.engine.pool_size import (
     CPU_KV_GROWTH_LIMIT_BYTES,
-    LaunchedStep,
-    ModelRunner,
     gpu_reserve_bytes,
     kv_bytes_per_block,
     num_blocks_for_budget,

@@ -33,8 +33,8 @@ import time
 
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.block_manager import BlockManager
-from reinforge.engine.model_runner import CPU_KV_GROWTH_LIMIT_BYTES, kv_bytes_per_block
 from reinforge.engine.paged import PagedEngine, StepTimers
+from reinforge.engine.pool_size import CPU_KV_GROWTH_LIMIT_BYTES, kv_bytes_per_block
 from reinforge.engine.scheduler import Scheduler
 from reinforge.engine.sequence import PENDING, Sequence, SequenceStatus
 from reinforge.watchdog import beat
