@@ -289,7 +289,12 @@ def test_exit_code_4_reaches_the_caller_of_the_launcher(failures):
     root, _, _, _, hung, codes = failures
     assert codes["hung"] == 4, hung.output[-3000:]
     said = report(root / "runs" / "hung")
-    assert said.returncode == 0 and "hung: reinforge watchdog" in said.stdout
+    # which rank's watchdog fires first is timing: on a loaded machine rank 0 may hear of rank 1's
+    # hang through the heartbeat before its own watchdog fires; the report names the hang either way
+    assert said.returncode == 0, said.stdout + said.stderr
+    assert "hung: reinforge watchdog" in said.stdout or "failed: hung in phase" in said.stdout, (
+        said.stdout
+    )
     # every rank's file: rank 1 hung too, or the heartbeat told it of rank 0's hang first
     if (root / "runs" / "hung" / "error.rank1.txt").exists():
         assert "error.rank1.txt" in said.stdout and "failed: hung in phase" in said.stdout
