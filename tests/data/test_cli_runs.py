@@ -110,6 +110,21 @@ def test_verl_parquet_trains_then_eval_and_export_read_the_run(tmp_path):
     for k in (1, 2, 4):
         assert doc["metrics"][f"pass@{k}"] == pytest.approx(by_hand_pass_at_k(doc["samples"], k))
     assert doc["metrics"]["mean@4"] == pytest.approx(sum(s["reward"] for s in doc["samples"]) / 16)
+    # a checkpoint with the training TOML it was trained with (train-only sections ignored)
+    out = tmp_path / "with_train_toml.json"
+    ev = cli(
+        "eval",
+        str(run / "checkpoints" / "step_000002"),
+        str(run / "config.toml"),
+        reward,
+        "eval.samples_per_task=4",
+        "eval.max_new_tokens=6",
+        "-o",
+        str(out),
+    )
+    assert ev.returncode == ExitCode.OK, ev.stdout + ev.stderr
+    assert "a training config; evaluating with its [task] and [eval] sampling" in ev.stdout
+    assert json.loads(out.read_text())["num_tasks"] == 4
 
     # reinforge export of the run's latest checkpoint: its logits, reloaded by transformers
     exp = cli("export", str(run), str(tmp_path / "exported"))

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from reinforge.algorithms.losses import LossInputs, PolicyLossSettings, ppo_clip_loss
+from reinforge.eval.answers import answer_spread, question_blind
 from reinforge.train.loop.diagnostics import (
     clip_fractions,
     explain_run,
@@ -151,6 +152,7 @@ def test_a_run_logs_the_diagnostics(tmp_path):
         "run.max_steps=2",
         "eval.every=0",
         "eval.headroom_tasks=8",
+        "task.num_eval=24",  # enough held-out answers for their spread (answers.MIN_SAMPLES)
         "algorithm.entropy_coef=0.01",  # a gradient even where every sample scores alike
         "checkpoint.every=0",
         f"run.output_dir={tmp_path}",
@@ -166,6 +168,11 @@ def test_a_run_logs_the_diagnostics(tmp_path):
         assert r["clip_low_frac"] == r["clip_high_frac"] == 0.0  # on policy: ratio 1
     for r in evals:
         assert 0.0 <= r["eval_sampled_pass@1"] <= r["eval_sampled_pass@4"] <= 1.0
+        assert 1 / 24 <= r["eval_top_answer_share"] <= 1.0
+        assert 0.0 <= r["eval_top_answer_accuracy"] <= 1.0
+        assert r["eval_distinct_answers"] * 24 == pytest.approx(
+            round(r["eval_distinct_answers"] * 24)
+        )
     assert "sampled pass@1" in result.stdout and "dKL" in result.stdout
 
 
@@ -218,3 +225,56 @@ def test_guessing_headroom_and_sharpening_are_noted():
     assert "pass@8 89% -> 58%, greedy pass@1 58% -> 58%" in note
     sharp[1]["eval_accuracy"] = 0.66  # greedy rose: learning, no note
     assert explain_run(_rows(rising, 0.7, 1e-3, sharp)) == []
+
+
+def _answers(texts_and_passes):
+    return [
+        {"completion": f" {t}\n", "reward": float(p), "rewards": {}} for t, p in texts_and_passes
+    ]
+
+
+def test_answer_spread_of_hand_made_answers():
+    """27 of 30 answers are "1" (15 of them right), three others: share 0.9, its accuracy 15/27,
+    4 distinct texts of 30; an env verdict counts over the summed reward; under 20 samples: {}."""
+    rows = _answers([("1", i < 15) for i in range(27)] + [("2", 1), ("3", 0), ("4 5", 1)])
+    spread = answer_spread(rows)
+    assert spread == {
+        "eval_top_answer_share": 0.9,
+        "eval_top_answer_accuracy": 15 / 27,
+        "eval_distinct_answers": 4 / 30,
+    }
+    rows[0] |= {"reward": 1.2, "rewards": {"env": 0.0, "format": 1.2}}  # a wrong answer, formatted
+    assert answer_spread(rows)["eval_top_answer_accuracy"] == 14 / 27
+    assert answer_spread(rows[:19]) == {}
+
+
+def test_question_blind_answers_are_noted():
+    """A flat reward whose last evaluation gave one answer to 90% of the questions, right on 55%
+    of them: the note says the answers ignore the question; a spread of answers, or one answer
+    that is nearly always right (a yes/no task's), says nothing of it."""
+    flat = [0.5, 0.52, 0.5, 0.51, 0.5, 0.52, 0.5, 0.51, 0.5]
+    blind = [
+        {"step": 0, "eval_accuracy": 0.54, "eval_top_answer_share": 0.6}
+        | {"eval_top_answer_accuracy": 0.7},
+        {"step": 9, "eval_accuracy": 0.54, "eval_top_answer_share": 0.9}
+        | {"eval_top_answer_accuracy": 0.55},
+    ]
+    [note] = explain_run(_rows(flat, 0.8, 1e-3, blind))
+    assert "answers barely depend on the question: 90% of them are one and the same answer" in note
+    assert "(60% at step 0), right on 55%" in note
+    alone = question_blind(blind[:1])  # one evaluation: no earlier share to compare with
+    assert alone is not None and "60% of them" in alone and "at step" not in alone
+    spread = [dict(e, eval_top_answer_share=0.3) for e in blind]
+    assert question_blind(spread) is None
+    known = [dict(e, eval_top_answer_accuracy=0.95) for e in blind]
+    assert question_blind(known) is None
+
+
+def test_reinforge_eval_says_when_one_answer_is_given_to_most_tasks():
+    from reinforge.eval.run import blind_answers_line
+
+    rows = _answers([("1", i < 11) for i in range(20)] + [("2", 1)] * 4)
+    line = blind_answers_line(answer_spread(rows))
+    assert line is not None and "83% of the answers are one and the same text, right on 55%" in line
+    assert blind_answers_line(answer_spread(_answers([(str(i), 1) for i in range(24)]))) is None
+    assert blind_answers_line({}) is None

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from reinforge.errors import ConfigError, ExitCode
+from reinforge.eval.answers import TOP_ACCURACY, TOP_SHARE, answer_spread
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -44,9 +45,20 @@ def run_eval_command(args) -> int:
                 f"--data and the [task] of {args.config} both choose what to evaluate; use one"
             )
         base["task"] = {"name": "dataset", "path": list(args.data)}
-    cfg = load_config(EvalConfig, args.config, args.overrides, base)
+    config = args.config
+    if config is not None and is_training_config(Path(config)):
+        # the TOML the model was trained with: its task and evaluation settings, the rest ignored
+        base = {**base, **eval_sections(tomllib.loads(Path(config).read_text()))}
+        if args.data:
+            base["task"] = {"name": "dataset", "path": list(args.data)}
+        print(f"{config}: a training config; evaluating with its [task] and [eval] sampling")
+        config = None
+    cfg = load_config(EvalConfig, config, args.overrides, base)
     result, budget, source_name = score(args, cfg)
     print(result.table, end="")
+    blind = blind_answers_line(answer_spread(result.samples))
+    if blind:
+        print(blind)
     if result.episode_metrics:
         print(", ".join(f"{k} {v:.3g}" for k, v in sorted(result.episode_metrics.items())))
     out = Path(args.output) if args.output else default_output(ref, source_name)
@@ -88,15 +100,47 @@ def score(args, cfg):
     return result, budget, source.name
 
 
+def blind_answers_line(spread: dict[str, float]) -> str | None:
+    """A warning when one answer was given to most tasks and is often wrong (eval/answers.py)."""
+    if not spread or spread["eval_top_answer_share"] < TOP_SHARE:
+        return None
+    if spread["eval_top_answer_accuracy"] >= TOP_ACCURACY:
+        return None
+    return (
+        f"note: {spread['eval_top_answer_share']:.0%} of the answers are one and the same text, "
+        f"right on {spread['eval_top_answer_accuracy']:.0%} of those tasks: the model's answers "
+        "barely depend on the question"
+    )
+
+
 def run_config_base(run_dir: Path) -> dict[str, Any]:
     """The sections of a run's config that evaluating it starts from."""
-    from reinforge.config import EvalSamplingSection
     from reinforge.config.load import read_saved_config
 
     path = run_dir / "config.toml"
     if not path.exists():
         return {}
-    trained = read_saved_config(path)
+    return eval_sections(read_saved_config(path))
+
+
+def is_training_config(path: Path) -> bool:
+    """A TOML with sections or [run] keys only training has (`reinforge train`'s config given to
+    `reinforge eval`), as opposed to an evaluation config; a missing or broken file is not
+    (load_config says what is wrong with it)."""
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    run_keys = set(raw.get("run", {})) if isinstance(raw.get("run"), dict) else set()
+    return bool(set(raw) - {"run", "task", "eval"} or run_keys - set(INHERITED_RUN_KEYS))
+
+
+def eval_sections(trained: dict[str, Any]) -> dict[str, Any]:
+    """What evaluating takes from a training config's table: [run]'s seed, device, dtype and
+    threads, the [task], the [eval] settings that sample, and rollout.max_new_tokens as the
+    budget unless [eval] sets one."""
+    from reinforge.config import EvalSamplingSection
+
     base: dict[str, Any] = {
         "run": {k: v for k, v in trained.get("run", {}).items() if k in INHERITED_RUN_KEYS}
     }

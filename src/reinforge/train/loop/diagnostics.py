@@ -41,6 +41,7 @@ import torch
 
 from reinforge.algorithms.losses import MAX_LOG_RATIO, LossInputs, PolicyLossSettings
 from reinforge.eval import EvalResult, evaluate
+from reinforge.eval.answers import question_blind
 from reinforge.eval.metrics import pass_at_k
 from reinforge.metrics import read_metrics
 from reinforge.train.packing.forward import completion_rows
@@ -266,12 +267,13 @@ def explain_run(rows: Sequence[dict]) -> list[str]:
     if not is_stuck and drop <= MAX_HELD_OUT_DROP and not sharpened:
         return []
     head = f"{verdict} reward ({first:.2f} -> {last:.2f} over {len(steps)} steps)"
+    blind = question_blind(evals)
     if sharpened and not is_stuck and drop <= MAX_HELD_OUT_DROP:
-        return [f"{head}: {sharpened}"]
+        return [f"{head}: {sharpened}" + (f"; {blind}" if blind else "")]
     if drop > MAX_HELD_OUT_DROP:
         before, after = evals[0]["eval_accuracy"], evals[-1]["eval_accuracy"]
         head += f", held-out pass@1 fell {before:.1%} -> {after:.1%}"
-    return [f"{head}: " + "; ".join(diagnosis(steps, evals))]
+    return [f"{head}: " + "; ".join([*([blind] if blind else []), *diagnosis(steps, evals)])]
 
 
 def diagnosis(steps: Sequence[dict], evals: Sequence[dict]) -> list[str]:

@@ -20,6 +20,7 @@ from reinforge.config import TrainConfig
 from reinforge.distributed import any_rank, is_distributed, is_generator, is_main, reduce_metrics
 from reinforge.envs.env_tasks import EnvTasks, single_turn_tasks
 from reinforge.eval import logged_metrics
+from reinforge.eval.answers import answer_spread
 from reinforge.metrics import console, episode_fields, format_line, plot_curves
 from reinforge.rollout.sources import LocalRollouts, RemoteRollouts, rollout_source
 from reinforge.rollout.trajectories import SUMMED as EPISODE_SUMS
@@ -261,7 +262,9 @@ def log_eval(
     if result is None:
         return None
     if logger is not None:
-        logger.log(step, logged_metrics(result) | headroom, phase=phase)
+        logger.log(
+            step, logged_metrics(result) | answer_spread(result.samples) | headroom, phase=phase
+        )
     console.print(
         f"held-out accuracy {label}: {result.accuracy:.3f} ({result.num_tasks} tasks)"
         + headroom_text(headroom)
