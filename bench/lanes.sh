@@ -5,16 +5,10 @@
 # The wheels are installed once, before the lanes start. Lanes sharing GPUs must not overlap:
 # put work for the same GPUs in one lane, joined by `;`.
 #
-#   run(kind="nvidia-h100-x4", carry=[".whl"], command="bash bench/lanes.sh bench/lanes/session12.txt")
+#   run(kind="nvidia-h100-x4", carry=[".whl"], command="bash bench/lanes.sh bench/lanes/s12a.txt")
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-bench-out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OUT
-python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', \
-transformers.__version__, torch.cuda.device_count(), 'x', torch.cuda.get_device_name(0))"
+source bench/gpu_env.sh
 pids=()
 names=()
 while IFS='|' read -r name gpus secs cmd; do

@@ -11,13 +11,7 @@
 # Logs and the JSON land in $OUT (tests.log, bench.log, <bench>_bench.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-bench-out}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-python3 -c "import torch, transformers, triton; print('torch', torch.__version__, \
-'transformers', transformers.__version__, 'triton', triton.__version__, torch.cuda.get_device_name(0))"
+source bench/gpu_env.sh
 nvidia-smi --query-gpu=name,memory.total,memory.used,clocks.sm,clocks.mem --format=csv,noheader
 status=0
 if [ "${RUN_TESTS:-0}" = 1 ]; then
