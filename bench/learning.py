@@ -218,6 +218,9 @@ def run_result(run_dir: Path) -> dict | None:
         "passk_after": after.get(f"{SAMPLED}{k}"),
         "headroom_before": before.get("eval_headroom"),
         "consistency_before": before.get("eval_task_consistency"),
+        # one answer given to most questions (eval/answers.py): the accuracy is that answer's share
+        "top_answer_before": before.get("eval_top_answer_share"),
+        "top_answer_after": after.get("eval_top_answer_share"),
         "reward": [first, last, verdict],
         "zero_signal_groups": mean(steps, "zero_signal_groups"),
         "policy_kl": mean(updated, "policy_kl"),
@@ -291,8 +294,8 @@ def format_table(results: list[dict], report: dict) -> str:
         return "-" if x is None else f"{100 * x:.1f}"
 
     lines = [
-        "| dataset | seeds | pass@1 before SFT | pass@1 before RL | after RL | rise | sampled pass@1 before -> after | sampled pass@k before -> after | headroom | task consistency | zero-signal groups | update KL | reward first -> last |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| dataset | seeds | pass@1 before SFT | pass@1 before RL | after RL | rise | sampled pass@1 before -> after | sampled pass@k before -> after | headroom | task consistency | one-answer share before -> after | zero-signal groups | update KL | reward first -> last |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for dataset, s in report["per_dataset"].items():
         runs = [r for r in results if r["dataset"] == dataset]
@@ -305,6 +308,7 @@ def format_table(results: list[dict], report: dict) -> str:
             f"| {pct(s['sampled_pass1_before'])} -> {pct(s['sampled_pass1_after'])} "
             f"| {pct(s['passk_before'])} -> {pct(s['passk_after'])} | {pct(s['headroom_before'])} "
             f"| {'-' if consistency is None else f'{consistency:.2f}'} "
+            f"| {pct(mean(runs, 'top_answer_before'))} -> {pct(mean(runs, 'top_answer_after'))} "
             f"| {pct(mean(runs, 'zero_signal_groups'))} "
             f"| {'-' if kl is None else f'{kl:.1e}'} | {rewards} |"
         )
