@@ -393,12 +393,3 @@ def sampled_k(metrics: dict) -> str:
         for key in metrics
         if key.startswith(SAMPLED) and key != SAMPLED + "1"
     )
-
-
-def device_memory_metrics(device: torch.device) -> dict[str, float]:
-    """Peak accelerator memory since the last call (GiB), then reset: one figure per step."""
-    if device.type != "cuda":
-        return {}
-    peak = torch.cuda.max_memory_allocated(device) / 2**30
-    torch.cuda.reset_peak_memory_stats(device)
-    return {"gpu_peak_gib": peak}

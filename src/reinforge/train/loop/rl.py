@@ -13,6 +13,8 @@ import dataclasses
 import math
 import time
 
+import torch
+
 from reinforge import faults, watchdog
 from reinforge.checkpoint import TrainerState, rng_state, wait_for_saves
 from reinforge.checkpoint.files import Saved, latest_checkpoint
@@ -29,7 +31,6 @@ from reinforge.run import RunContext, Stopped, Summary
 from reinforge.sharding import full_weights
 from reinforge.train.loop.advantage_step import assign_advantages, build_step_batch
 from reinforge.train.loop.diagnostics import (
-    device_memory_metrics,
     headroom_eval,
     headroom_text,
     learning_notes,
@@ -270,3 +271,12 @@ def log_eval(
         + headroom_text(headroom)
     )
     return result.accuracy
+
+
+def device_memory_metrics(device: torch.device) -> dict[str, float]:
+    """Peak accelerator memory since the last call (GiB), then reset: one figure per step."""
+    if device.type != "cuda":
+        return {}
+    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    torch.cuda.reset_peak_memory_stats(device)
+    return {"gpu_peak_gib": peak}
