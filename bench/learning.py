@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "bench")]
 
-from learning_tasks import DATASETS, DEFAULT_SUITE  # noqa: E402
+from learning_tasks import DATASETS, DEFAULT_SUITE, VARIANTS, resolve  # noqa: E402
 
 from reinforge.metrics import read_metrics  # noqa: E402
 from reinforge.train.loop.diagnostics import SAMPLED, explain_run, reward_trend, sampled_k  # noqa: E402
@@ -50,6 +50,8 @@ PRESETS: dict[str, list[str]] = {
     # larger steps: the diagnostics said "updates barely moved the policy" (KL ~1e-4 per token)
     "lr1e-4": ["optim.lr=1e-4"],
     "lr3e-4": ["optim.lr=3e-4"],
+    # the quickstart's learning rate under the code's seq_mean_token_mean: one default for both
+    "lr5e-5": ["optim.lr=5e-5"],
     # each sequence weighs the same in the loss (a group's advantages then sum to zero), not each
     # token: under token_mean a group's long wrong answers outweigh its short right one
     "seqmean": ["algorithm.loss_aggregation=seq_mean_token_mean"],
@@ -96,11 +98,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--deadline-s", type=float, default=540.0, help="stop runs still going then")
     p.add_argument("--report-only", action="store_true", help="only rebuild the report from OUT")
     args = p.parse_args()
-    unknown = set(args.datasets.split(",")) - set(DATASETS)
+    unknown = set(args.datasets.split(",")) - set(DATASETS) - set(VARIANTS)
     unknown |= set(args.presets.split(",")) - set(PRESETS)
     if unknown:
         p.error(
-            f"--datasets: {sorted(unknown)} are not in bench/learning_tasks.py; use {list(DATASETS)}"
+            f"--datasets/--presets: {sorted(unknown)} are unknown; datasets: "
+            f"{list(DATASETS) + list(VARIANTS)}, presets: {sorted(PRESETS)}"
         )
     return args
 
@@ -170,7 +173,8 @@ def launch(
 ) -> subprocess.Popen:
     name = f"{dataset}-seed{seed}"
     cmd = [sys.executable, "-m", "reinforge.cli", "train", CONFIG]
-    cmd += [f"task.datasets={{{dataset} = 1.0}}", f"task.dataset_config={dataset_config(dataset)}"]
+    source = resolve(dataset)[0]
+    cmd += [f"task.datasets={{{source} = 1.0}}", f"task.dataset_config={dataset_config(dataset)}"]
     cmd += [f"run.name={name}"]
     cmd += [f"run.output_dir={out / 'runs' / preset}", f"run.seed={seed}", f"task.seed={seed}"]
     cmd += overrides
@@ -182,9 +186,10 @@ def launch(
 
 
 def dataset_config(dataset: str) -> str:
-    """The dataset's settings (learning_tasks.DATASETS) as a TOML inline table for an override."""
-    settings = ", ".join(f"{k} = {json.dumps(v)}" for k, v in DATASETS[dataset].items())
-    return f"{{{dataset} = {{{settings}}}}}"
+    """The dataset's settings (learning_tasks.DATASETS or VARIANTS) as a TOML inline table."""
+    source, config = resolve(dataset)
+    settings = ", ".join(f"{k} = {json.dumps(v)}" for k, v in config.items())
+    return f"{{{source} = {{{settings}}}}}"
 
 
 def run_result(run_dir: Path) -> dict | None:

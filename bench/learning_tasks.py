@@ -28,6 +28,37 @@ DATASETS: dict[str, dict] = {
 }
 DEFAULT_SUITE = list(DATASETS)[:6]
 
+# Other settings of the same reasoning-gym datasets, under names of their own (the suite's
+# `--datasets` takes them; a run's task is the reasoning-gym dataset named first). Arithmetic
+# within one step of a 25M-parameter model answering at once, and short transform tasks (copy,
+# reverse, shift) whose skill is one rule for every question.
+VARIANTS: dict[str, tuple[str, dict]] = {
+    "chain_sum_2x2": ("chain_sum", dict(min_terms=2, max_terms=2, max_digits=2)),
+    "basic_arithmetic_1d": (
+        "basic_arithmetic",
+        dict(
+            max_terms=2,
+            max_digits=1,
+            operators=("+", "-", "*"),
+            allow_parentheses=False,
+            allow_negation=False,
+        ),
+    ),
+    "leg_counting_small": ("leg_counting", dict(min_animals=1, max_animals=2, max_instances=3)),
+    "simple_equations_small": (
+        "simple_equations",
+        dict(max_terms=2, max_value=10, operators=("+", "-"), operators_weights=[0.5, 0.5]),
+    ),
+    "caesar_two_words": ("caesar_cipher", dict(min_words=2, max_words=2, max_rotation=3)),
+    "base_conversion_small": ("base_conversion", dict(max_base=10, max_value=64)),
+    "count_bits_byte": ("count_bits", dict(max_n=255)),
+}
+
+
+def resolve(name: str) -> tuple[str, dict]:
+    """A suite dataset name as (reasoning-gym dataset, its settings)."""
+    return VARIANTS.get(name) or (name, DATASETS[name])
+
 
 @functools.cache
 def dataset(name: str, seed: int):
