@@ -47,6 +47,8 @@ PRESETS: dict[str, list[str]] = {
     "signal_only": ["algorithm.dynamic_sampling=true"],
     # sample nearer the greedy answer that evaluation scores
     "cool": ["rollout.temperature=0.7"],
+    "cold": ["rollout.temperature=0.5"],
+    "cool_signal": ["rollout.temperature=0.7", "algorithm.dynamic_sampling=true"],
     # larger steps: the diagnostics said "updates barely moved the policy" (KL ~1e-4 per token)
     "lr1e-4": ["optim.lr=1e-4"],
     "lr3e-4": ["optim.lr=3e-4"],

@@ -13,8 +13,12 @@ for config in tools_search tools_branching; do
         name=$config-sft$sft-s$seed
         python3 -m reinforge train configs/$config.toml $common run.seed=$seed run.name=$name \
             run.output_dir=/tmp/examples >"$OUT/$name.log" 2>&1 &
+        sleep 20  # the first builds the model cache; then side by side
     done
 done
 wait
-for d in /tmp/examples/*/; do cp "$d/metrics.jsonl" "$OUT/$(basename "$d").metrics.jsonl" 2>/dev/null; done
-grep -h -E "held-out|reward before|accuracy" "$OUT"/*.log | tail -40
+mkdir -p /tmp/examples-out
+for d in /tmp/examples/*/; do cp "$d/metrics.jsonl" "/tmp/examples-out/$(basename "$d").metrics.jsonl"; done
+mv "$OUT"/*.log /tmp/examples-out/
+tar czf "$OUT/examples.tgz" -C /tmp examples-out  # the device returns at most 8 files
+for f in /tmp/examples-out/*.log; do echo "== $f"; tail -25 "$f"; done
