@@ -150,3 +150,22 @@ def test_tool_schemas_and_bad_settings():
         SearchTasks(num_companies=10, num_eval_companies=10)
     with pytest.raises(ConfigError, match="doc_id"):
         BM25Backend([Document("d", "A", "x"), Document("d", "B", "y")])
+
+
+def test_bm25_keeps_jax_on_the_cpu(monkeypatch):
+    """bm25s imports JAX when installed: on a GPU machine JAX would claim 75% of the GPU at once
+    (seen on an H200: a search-tool run held 107 GiB and every other run there failed). The
+    backend points JAX at the CPU unless the user chose."""
+    import os
+
+    from reinforge.envs.search_env import BM25Backend, Document
+
+    docs = [Document("a", "Alpha", "alpha text"), Document("b", "Beta", "beta text")]
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+    BM25Backend(docs)
+    assert os.environ["JAX_PLATFORMS"] == "cpu"
+    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    BM25Backend(docs)
+    assert os.environ["JAX_PLATFORMS"] == "cuda"  # the user's choice stands

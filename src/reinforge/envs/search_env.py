@@ -19,6 +19,7 @@ founders: the facts an eval question needs are never the answer of a training qu
 from __future__ import annotations
 
 import functools
+import os
 import random
 import re
 from collections.abc import Callable, Sequence
@@ -60,11 +61,21 @@ class SearchBackend(Protocol):
         ...
 
 
+def keep_jax_off_the_gpu() -> None:
+    """bm25s uses JAX, when installed, for its top-k; imported on a GPU machine, JAX claims 75% of
+    the GPU's memory at once (its preallocation) and a second process fails to start its CUDA
+    backend. The search index lives on the host: JAX runs on the CPU here, unless the user chose
+    (these are JAX's own variables; a value already set is kept)."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
 class BM25Backend:
     """BM25 (bm25s, Lucene's variant) over documents held in memory; a document is indexed by
     its title and text."""
 
     def __init__(self, documents: Sequence[Document]):
+        keep_jax_off_the_gpu()
         import bm25s
 
         if not documents:
