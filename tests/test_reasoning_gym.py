@@ -66,6 +66,21 @@ def test_extraction_modes():
     assert tasks.reward(f"I think\n{t.answer}\n", t) == 1.0
 
 
+def test_partial_credit_kept_or_cut():
+    """The library's own partial scores (here the default scorer: the answer inside a longer
+    reply scores len(answer) / len(reply)) train as they come, or count 0 with partial_credit
+    false, the criterion the evaluation's pass counts by."""
+    one = {"datasets": {"chain_sum": 1.0}, "dataset_config": {"chain_sum": EASY["chain_sum"]}}
+    on = ReasoningGymTasks(config(**one, extract="whole"))
+    off = ReasoningGymTasks(config(**one, extract="whole", partial_credit=False))
+    t = on.train_task(0)
+    padded = f"{t.answer} ."
+    assert on.reward(padded, t) == pytest.approx(len(t.answer) / len(padded))
+    assert 0.0 < on.reward(padded, t) < 1.0
+    assert off.reward(padded, off.train_task(0)) == 0.0
+    assert off.reward(t.answer, off.train_task(0)) == 1.0
+
+
 def test_held_out_questions_never_train_and_draws_are_deterministic():
     cfg = config(num_eval=100)
     a, b = ReasoningGymTasks(cfg), ReasoningGymTasks(cfg)

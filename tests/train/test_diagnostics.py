@@ -278,3 +278,22 @@ def test_reinforge_eval_says_when_one_answer_is_given_to_most_tasks():
     assert line is not None and "83% of the answers are one and the same text, right on 55%" in line
     assert blind_answers_line(answer_spread(_answers([(str(i), 1) for i in range(24)]))) is None
     assert blind_answers_line({}) is None
+
+
+def test_a_reward_of_partial_credit_is_noted():
+    """caesar_cipher in the learning suite (session 13): every reply kept the cipher's period,
+    the library's scorer gave 0.99 for the answer inside it, 1% of samples passed. A near-ceiling
+    flat reward is otherwise 'solved'; here the note says the reward is not the pass."""
+    evals = [{"step": 0, "eval_accuracy": 0.01}, {"step": 9, "eval_accuracy": 0.015}]
+    rows = _rows([0.99] * 9, zero_signal=0.92, policy_kl=1e-3, evals=evals)
+    for r in rows:
+        if "reward_mean" in r:
+            r["accuracy"] = 0.01
+    [note] = explain_run(rows)
+    assert note.startswith("flat reward (0.99 -> 0.99 over 9 steps): the reward is mostly")
+    assert "mean 0.99 while 1% of samples pass" in note
+    assert "task.partial_credit = false" in note
+    for r in rows:  # the same reward, every sample passing: solved, nothing to say
+        if "reward_mean" in r:
+            r["accuracy"] = 0.99
+    assert explain_run(rows) == []

@@ -94,12 +94,14 @@ class ReasoningGymTasks(ProceduralTasks):
             ) from None
 
     def reward(self, completion: str, task: Task) -> float:
-        """The dataset's own `score_answer` (0 to 1) on the extracted answer."""
+        """The dataset's own `score_answer` (0 to 1) on the extracted answer; with
+        task.partial_credit false, a score under 1 is 0."""
         answer = extract_answer(completion, self.cfg.extract, self.pattern)
         if answer is None:
             return 0.0
         dataset = self.datasets[task.info["data_source"]]
-        return float(dataset.score_answer(answer, task.info["entry"]))
+        score = float(dataset.score_answer(answer, task.info["entry"]))
+        return score if self.cfg.partial_credit or score >= 1.0 else 0.0
 
 
 def _create(name: str, cfg):

@@ -58,6 +58,7 @@ SMALL_HEADROOM = 0.10  # pass@k - pass@1 below this leaves little to sharpen
 CHANCE_CONSISTENCY = 0.15  # passes this independent of the task are guesses, not known answers
 SHARPENED = 0.05  # sampled pass@1 up, pass@k down by at least this, greedy within MIN_CHANGE
 TEMPERATURE_GAP = 0.15  # greedy pass@1 above sampled pass@1 by this much
+PARTIAL_GAP = 0.25  # mean reward above the share of passing samples by this: partial credit
 
 
 # ------------------------------------------------------------------------ per-step, pure
@@ -264,6 +265,9 @@ def explain_run(rows: Sequence[dict]) -> list[str]:
     drop = evals[0]["eval_accuracy"] - evals[-1]["eval_accuracy"] if len(evals) > 1 else 0.0
     is_stuck = verdict == "falling" or (verdict == "flat" and last < CEILING)
     sharpened = sharpening(evals)
+    partial = partial_credit(steps)
+    if partial and not is_stuck and drop <= MAX_HELD_OUT_DROP:
+        return [f"{verdict} reward ({first:.2f} -> {last:.2f} over {len(steps)} steps): {partial}"]
     if not is_stuck and drop <= MAX_HELD_OUT_DROP and not sharpened:
         return []
     head = f"{verdict} reward ({first:.2f} -> {last:.2f} over {len(steps)} steps)"
@@ -294,6 +298,8 @@ def diagnosis(steps: Sequence[dict], evals: Sequence[dict]) -> list[str]:
                 f"but passes barely depend on the task (consistency {chance:.2f}; 0 is chance): "
                 f"the headroom is lucky guesses among {k} tries, not answers RL can sharpen"
             )
+    partial = partial_credit(steps)
+    said += [partial] if partial else []
     said += _update_size(steps)
     last = next((r for r in reversed(evals) if "eval_sampled_pass@1" in r), None)
     if last is not None and last["eval_accuracy"] - last["eval_sampled_pass@1"] > TEMPERATURE_GAP:
@@ -309,6 +315,20 @@ def diagnosis(steps: Sequence[dict], evals: Sequence[dict]) -> list[str]:
             f"{shift:.1e})"
         )
     return said or ["no diagnostics were logged"]
+
+
+def partial_credit(steps: Sequence[dict]) -> str | None:
+    """The note for a reward that is mostly partial credit (a scorer's 0 < score < 1): RL climbs
+    a score that the pass rate (reward >= 1) does not count, e.g. reasoning-gym's 0.99 for the
+    answer inside a reply one character longer."""
+    reward, passed = _mean(steps, "reward_mean"), _mean(steps, "accuracy")
+    if reward is None or passed is None or reward - passed < PARTIAL_GAP:
+        return None
+    return (
+        f"the reward is mostly partial credit: mean {reward:.2f} while {passed:.0%} of samples "
+        "pass (reward >= 1), so RL climbs a score the pass rate does not count (a stricter "
+        "reward, e.g. task.partial_credit = false for reasoning-gym, trains for the pass)"
+    )
 
 
 def sharpening(evals: Sequence[dict]) -> str | None:
