@@ -49,6 +49,8 @@ PRESETS: dict[str, list[str]] = {
     "cool": ["rollout.temperature=0.7"],
     "cold": ["rollout.temperature=0.5"],
     "cool_signal": ["rollout.temperature=0.7", "algorithm.dynamic_sampling=true"],
+    # the pass the evaluation counts as the reward: no partial credit from the library's scorer
+    "strict": ["task.partial_credit=false"],
     # larger steps: the diagnostics said "updates barely moved the policy" (KL ~1e-4 per token)
     "lr1e-4": ["optim.lr=1e-4"],
     "lr3e-4": ["optim.lr=3e-4"],
