@@ -1,13 +1,18 @@
-"""Writes docs.jsonl and qa.jsonl beside this file: a lookup table of 160 parts and their bin
-numbers (random: no model can know them), one document per part ("Part 117 is kept in bin 58."),
-and questions "Bin of part 117?" whose training rows carry a recorded conversation (OpenAI
-format) for the SFT stage.
+"""Writes docs.jsonl and qa.jsonl beside this file: a lookup table of 800 parts and the bins they
+are kept in (one of eight colours, drawn at random: no model can know them), one document per
+part (title "part 117", text "bin green"), and questions "Bin of part 117?" whose training rows
+carry a recorded conversation (OpenAI format) for the SFT stage.
 
 A share of the training conversations (`--search-fraction`) call `search` with the part number
-and answer with the bin the result names; the rest answer at once, from memory (right only for
-parts seen in training). Held-out rows (extra_info.split = "test") ask about parts no training
-row mentions: only a search answers them. Numbers keep the copying short for the tiny model's
-byte-level tokenizer (a name of six letters is six tokens to copy, twice).
+and answer with the bin the result names; the rest answer at once, from memory. Held-out rows
+(extra_info.split = "test") ask about parts no training row mentions: only a search answers
+them (a guess is right one time in eight).
+
+The format is chosen for the tiny model's byte-level tokenizer: the part number is the only run
+of digits in the question, and the search result is short ("1. [p117] part 117: bin green"),
+its answer a word of its own. With bins of digits or of capital letters the SFT model did not
+learn to read the bin out of the result within CPU minutes; with colours it does
+(bench/results/2026-11-26-cpu-tools-examples-s13.md).
 
     python configs/data/tools_search/make_data.py
 """
@@ -22,13 +27,14 @@ from pathlib import Path
 from reinforge.envs.search_env import BM25Backend, Document, search_tools
 
 HERE = Path(__file__).parent
+BINS = ("red", "blue", "green", "black", "white", "gray", "pink", "brown")
 
 
 def main(num_parts: int, num_eval: int, search_fraction: float, seed: int) -> None:
     rng = random.Random(seed)
-    parts = rng.sample(range(100, 1000), num_parts)
-    bins = {part: rng.randrange(10, 100) for part in parts}
-    docs = [Document(f"p{p}", f"Part {p}", f"Part {p} is kept in bin {bins[p]}.") for p in parts]
+    parts = [str(number) for number in rng.sample(range(100, 1000), num_parts)]
+    bins = {p: rng.choice(BINS) for p in parts}
+    docs = [Document(f"p{p}", f"part {p}", f"bin {bins[p]}") for p in parts]
     search = search_tools(BM25Backend(docs))[0]
     rows = []
     for i, part in enumerate(parts):
@@ -36,7 +42,7 @@ def main(num_parts: int, num_eval: int, search_fraction: float, seed: int) -> No
         messages = [{"role": "user", "content": f"Bin of part {part}?"}]
         if split == "train":
             if rng.random() < search_fraction:
-                arguments = {"query": str(part), "k": 1}
+                arguments = {"query": part, "k": 1}
                 call = {"name": "search", "arguments": json.dumps(arguments)}
                 messages += [
                     {
@@ -46,10 +52,8 @@ def main(num_parts: int, num_eval: int, search_fraction: float, seed: int) -> No
                     },
                     {"role": "tool", "tool_call_id": f"call_{i}", "content": search(**arguments)},
                 ]
-            messages.append({"role": "assistant", "content": str(bins[part])})
-        rows.append(
-            {"messages": messages, "answer": str(bins[part]), "extra_info": {"split": split}}
-        )
+            messages.append({"role": "assistant", "content": bins[part]})
+        rows.append({"messages": messages, "answer": bins[part], "extra_info": {"split": split}})
     (HERE / "docs.jsonl").write_text(
         "".join(json.dumps({"id": d.doc_id, "title": d.title, "text": d.text}) + "\n" for d in docs)
     )
@@ -58,8 +62,8 @@ def main(num_parts: int, num_eval: int, search_fraction: float, seed: int) -> No
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--num-parts", type=int, default=160)
-    parser.add_argument("--num-eval", type=int, default=32)
+    parser.add_argument("--num-parts", type=int, default=800)
+    parser.add_argument("--num-eval", type=int, default=64)
     parser.add_argument("--search-fraction", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)
     a = parser.parse_args()
