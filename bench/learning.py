@@ -32,7 +32,8 @@ sys.path[:0] = [str(REPO / "src"), str(REPO / "bench")]
 from learning_tasks import DATASETS, DEFAULT_SUITE, VARIANTS, resolve  # noqa: E402
 
 from reinforge.metrics import read_metrics  # noqa: E402
-from reinforge.train.loop.diagnostics import SAMPLED, explain_run, reward_trend, sampled_k  # noqa: E402
+from reinforge.train.loop.diagnostics import SAMPLED, sampled_k  # noqa: E402
+from reinforge.train.loop.run_notes import explain_run, reward_trend  # noqa: E402
 
 CONFIG = "configs/bench/learning.toml"
 # Overrides per preset; "shipped" runs the settings as they ship. The others test the hypotheses

@@ -14,13 +14,12 @@ from reinforge.algorithms.losses import LossInputs, PolicyLossSettings, ppo_clip
 from reinforge.eval.answers import answer_spread, question_blind
 from reinforge.train.loop.diagnostics import (
     clip_fractions,
-    explain_run,
     headroom_metrics,
     headroom_text,
     policy_change,
-    reward_trend,
     task_consistency,
 )
+from reinforge.train.loop.run_notes import explain_run, reward_trend
 
 from ..conftest import TINY_RUN, cli
 

@@ -61,21 +61,15 @@ class SearchBackend(Protocol):
         ...
 
 
-def keep_jax_off_the_gpu() -> None:
-    """bm25s uses JAX, when installed, for its top-k; imported on a GPU machine, JAX claims 75% of
-    the GPU's memory at once (its preallocation) and a second process fails to start its CUDA
-    backend. The search index lives on the host: JAX runs on the CPU here, unless the user chose
-    (these are JAX's own variables; a value already set is kept)."""
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-
-
 class BM25Backend:
     """BM25 (bm25s, Lucene's variant) over documents held in memory; a document is indexed by
     its title and text."""
 
     def __init__(self, documents: Sequence[Document]):
-        keep_jax_off_the_gpu()
+        # bm25s uses JAX when installed; on a GPU machine JAX would claim 75% of the device at
+        # import. The index is on the host: JAX on the CPU unless the user chose (its own vars).
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         import bm25s
 
         if not documents:

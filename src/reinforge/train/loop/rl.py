@@ -30,14 +30,11 @@ from reinforge.rollout.trajectories import episode_metrics, tool_use_notes
 from reinforge.run import RunContext, Stopped, Summary
 from reinforge.sharding import full_weights
 from reinforge.train.loop.advantage_step import assign_advantages, build_step_batch
-from reinforge.train.loop.diagnostics import (
-    headroom_eval,
-    headroom_text,
-    learning_notes,
-)
+from reinforge.train.loop.diagnostics import headroom_eval, headroom_text
 from reinforge.train.loop.disaggregated import generate_for_trainers
 from reinforge.train.loop.learner import Learner, build_learner, score_with_models
 from reinforge.train.loop.nonfinite import enforce_non_finite_policy
+from reinforge.train.loop.run_notes import learning_notes
 from reinforge.train.loop.session import (
     Policy,
     first_eval_from_log,
