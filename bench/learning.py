@@ -29,13 +29,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "bench")]
 
-from learning_tasks import DATASETS, DEFAULT_SUITE, VARIANTS, resolve  # noqa: E402
+from learning_tasks import DATASETS, DEFAULT_SUITE, RUN_SETTINGS, VARIANTS, resolve  # noqa: E402
 
 from reinforge.metrics import read_metrics  # noqa: E402
 from reinforge.train.loop.diagnostics import SAMPLED, sampled_k  # noqa: E402
 from reinforge.train.loop.run_notes import explain_run, reward_trend  # noqa: E402
 
 CONFIG = "configs/bench/learning.toml"
+SFT_DIR = "_sft"  # --share-sft: the SFT runs' output (not a preset of the report)
 # Overrides per preset; "shipped" runs the settings as they ship. The others test the hypotheses
 # of issue 31 for RL lowering held-out greedy pass@1 (see bench/README.md, "The learning suite").
 PRESETS: dict[str, list[str]] = {
@@ -61,6 +62,8 @@ PRESETS: dict[str, list[str]] = {
     # token: under token_mean a group's long wrong answers outweigh its short right one
     "seqmean": ["algorithm.loss_aggregation=seq_mean_token_mean"],
     "seqmean_lr1e-4": ["algorithm.loss_aggregation=seq_mean_token_mean", "optim.lr=1e-4"],
+    # more RL: 150 steps instead of 60 (the same SFT model with --share-sft)
+    "long": ["run.max_steps=150"],
     "seqmean_kl": [
         "algorithm.loss_aggregation=seq_mean_token_mean",
         "optim.lr=1e-4",
@@ -77,7 +80,7 @@ def main() -> None:
     out = Path(args.out)
     if not args.report_only:
         run_all(args, out)
-    run_dirs = sorted((out / "runs").glob("*/*"))
+    run_dirs = [d for d in sorted((out / "runs").glob("*/*")) if d.parent.name != SFT_DIR]
     results = [r for r in (run_result(d) for d in run_dirs) if r]
     presets = sorted({r["preset"] for r in results})
     reports = {p: summarize([r for r in results if r["preset"] == p]) for p in presets}
@@ -102,6 +105,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", default="bench-out/learning")
     p.add_argument("--deadline-s", type=float, default=540.0, help="stop runs still going then")
     p.add_argument("--report-only", action="store_true", help="only rebuild the report from OUT")
+    p.add_argument(
+        "--share-sft",
+        action="store_true",
+        help="SFT once per dataset and seed (a one-step run whose sft_final checkpoint every "
+        "preset's RL then starts from, sft.steps=0): presets compare RL on the same SFT model",
+    )
     args = p.parse_args()
     unknown = set(args.datasets.split(",")) - set(DATASETS) - set(VARIANTS)
     unknown |= set(args.presets.split(",")) - set(PRESETS)
@@ -136,16 +145,30 @@ def run_all(args: argparse.Namespace, out: Path) -> None:
         "PYTHONUNBUFFERED": "1",
     }
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), env.get("PYTHONPATH", "")])
+    waiting = []  # RL runs whose shared SFT model is not there yet
+    if args.share_sft:
+        waiting, queue = queue, [(SFT_DIR, d, s) for s in seeds for d in args.datasets.split(",")]
     start, running = time.monotonic(), {}
     while queue or running:
         while queue and len(running) < concurrency and time.monotonic() - start < args.deadline_s:
             preset, dataset, seed = queue.pop(0)
-            overrides = [*common, *PRESETS[preset], *args.set]
+            overrides = [*common, *PRESETS.get(preset, []), *args.set]
+            if preset == SFT_DIR:  # the SFT stage, the before-RL evaluation and one RL step
+                overrides += ["run.max_steps=1"]
+            elif args.share_sft:
+                model = (
+                    out / "runs" / SFT_DIR / f"{dataset}-seed{seed}" / "checkpoints" / "sft_final"
+                )
+                overrides += [f"model.path={model}", "sft.steps=0"]
             running[(preset, dataset, seed)] = launch(preset, dataset, seed, overrides, out, env)
         for key, proc in list(running.items()):
             if proc.poll() is not None:
                 print(f"{' '.join(map(str, key))}: exit {proc.returncode}", flush=True)
                 del running[key]
+                if key[0] == SFT_DIR:  # its presets' RL runs can start
+                    ready = [w for w in waiting if w[1:] == key[1:]]
+                    waiting = [w for w in waiting if w[1:] != key[1:]]
+                    queue += ready if proc.returncode == 0 else []
         if running and time.monotonic() - start > args.deadline_s:
             stop(running)
             return
@@ -182,7 +205,7 @@ def launch(
     cmd += [f"task.datasets={{{source} = 1.0}}", f"task.dataset_config={dataset_config(dataset)}"]
     cmd += [f"run.name={name}"]
     cmd += [f"run.output_dir={out / 'runs' / preset}", f"run.seed={seed}", f"task.seed={seed}"]
-    cmd += overrides
+    cmd += [*RUN_SETTINGS.get(dataset, []), *overrides]
     (out / "logs" / preset).mkdir(parents=True, exist_ok=True)
     log = (out / "logs" / preset / f"{name}.log").open("w")
     log.write(" ".join(cmd) + "\n")
@@ -243,13 +266,14 @@ def run_result(run_dir: Path) -> dict | None:
 
 
 def before_sft(run_dir: Path) -> float | None:
-    log = run_dir.parents[2] / "logs" / run_dir.parent.name / f"{run_dir.name}.log"
-    found = (
-        re.search(r"held-out accuracy before SFT: ([0-9.]+)", log.read_text())
-        if log.exists()
-        else None
-    )
-    return float(found.group(1)) if found else None
+    """From the run's log, or with --share-sft from the log of the SFT run it started from."""
+    for preset in (run_dir.parent.name, SFT_DIR):
+        log = run_dir.parents[2] / "logs" / preset / f"{run_dir.name}.log"
+        text = log.read_text() if log.exists() else ""
+        found = re.search(r"held-out accuracy before SFT: ([0-9.]+)", text)
+        if found:
+            return float(found.group(1))
+    return None
 
 
 def mean(rows: list[dict], key: str) -> float | None:

@@ -52,7 +52,21 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "caesar_two_words": ("caesar_cipher", dict(min_words=2, max_words=2, max_rotation=3)),
     "base_conversion_small": ("base_conversion", dict(max_base=10, max_value=64)),
     "count_bits_byte": ("count_bits", dict(max_n=255)),
+    # Many right answers, checked by rule (the gold is one of them): a sum or product of two
+    # digits written either way round; a 2-colouring-or-more of a small graph (the gold is the
+    # metadata's greedy colouring); a palindrome of 3-5 given letters.
+    "countdown_pair": (
+        "countdown",
+        dict(min_numbers=2, max_numbers=2, min_value=1, max_value=9, min_target=1, max_target=81),
+    ),
+    "graph_color_small": (
+        "graph_color",
+        dict(min_num_vertices=4, max_num_vertices=5, num_colors=3, edge_probability=0.3),
+    ),
+    "palindrome_small": ("palindrome_generation", dict(min_length=3, max_length=5)),
 }
+# Run settings a dataset needs beyond the config's (a JSON colouring of 5 vertices is ~40 tokens)
+RUN_SETTINGS: dict[str, list[str]] = {"graph_color_small": ["rollout.max_new_tokens=56"]}
 
 
 def resolve(name: str) -> tuple[str, dict]:

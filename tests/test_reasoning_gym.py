@@ -81,6 +81,25 @@ def test_partial_credit_kept_or_cut():
     assert off.reward(t.answer, off.train_task(0)) == 1.0
 
 
+def test_datasets_with_many_valid_answers_train_on_their_example_or_refuse_sft():
+    """reasoning-gym gives no answer (None) where many replies are right (graph_color checks a
+    colouring by rule): SFT trains on the example its metadata keeps, which scores 1; a dataset
+    with no example (boxnet) is refused for SFT by name, and runs RL alone."""
+    graph = {"datasets": {"graph_color": 1.0}, "dataset_config": {}, "extract": "whole"}
+    tasks = build_task_source(config(**graph), needs_solutions=True)
+    for t in [tasks.train_task(i) for i in range(10)]:
+        assert t.solution and t.solution != "None" and t.solution.startswith("{")
+        assert tasks.reward(t.solution, t) == 1.0
+        assert tasks.reward('{"0": 1}', t) < 1.0
+    easy_sum = {"chain_sum": EASY["chain_sum"]}
+    boxnet = {"datasets": {"boxnet": 1.0, "chain_sum": 1.0}, "dataset_config": easy_sum}
+    with pytest.raises(ConfigError, match=r"'boxnet' gives no reference.*sft.steps = 0.*drop"):
+        build_task_source(config(**boxnet), needs_solutions=True)
+    rl_only = build_task_source(config(**boxnet), needs_solutions=False)
+    box = next(t for t in map(rl_only.train_task, range(50)) if t.info["data_source"] == "boxnet")
+    assert box.solution is None and box.answer == ""
+
+
 def test_held_out_questions_never_train_and_draws_are_deterministic():
     cfg = config(num_eval=100)
     a, b = ReasoningGymTasks(cfg), ReasoningGymTasks(cfg)

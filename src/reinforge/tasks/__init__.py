@@ -44,7 +44,8 @@ def build_task_source(
 ) -> TaskSource:
     """The task source `cfg` (a `[task]` variant) names. Data read from files also gets the
     tokenizer (for the prompt token budget) and what the command needs of each row; generated
-    tasks always have both an answer and a solution."""
+    tasks have an answer, and a solution unless their source says at build time that SFT cannot
+    have one (`require_solutions`)."""
     from reinforge.tasks.dataset import load_dataset_source
 
     loaders = {"dataset": load_dataset_source}
@@ -63,4 +64,7 @@ def build_task_source(
         "reasoning_gym": ReasoningGymTasks,
         **ENV_TASKS,  # played as multi-turn episodes (envs/sources.py)
     }
-    return sources[cfg.name](cfg)
+    source = sources[cfg.name](cfg)
+    if needs_solutions and hasattr(source, "require_solutions"):
+        source.require_solutions()
+    return source

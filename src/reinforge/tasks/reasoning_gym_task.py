@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import random
 import re
 
@@ -23,6 +24,28 @@ MAX_ITEM_INDEX = 2**48  # reasoning-gym seeds an item's generator with (seed + i
 NUM_EARLY_DRAWS = 16  # training draws made at build time: a held-out split that covers a
 # dataset's whole problem space fails then, not mid-run
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# where a dataset whose items have no single answer (answer None: graph_color, rubiks_cube, ...)
+# keeps one valid answer to learn from
+_EXAMPLE_KEYS = ("possible_answer", "example_answer", "example_correct_answer")
+
+
+def gold_answer(entry: dict) -> str | None:
+    """The item's answer, or for a dataset with many valid answers (reasoning-gym's answer None)
+    the example its metadata keeps, written as the scorer reads it (JSON for a mapping or list);
+    None when the item has neither (boxnet, rush_hour: nothing for SFT to train on)."""
+    if entry.get("answer") is not None:
+        return str(entry["answer"])
+    metadata = entry.get("metadata") or {}
+    for key in _EXAMPLE_KEYS:
+        example = metadata.get(key)
+        if example is None:
+            continue
+        if isinstance(example, dict | list | tuple):
+            if isinstance(example, dict):
+                example = {str(k): v for k, v in example.items()}
+            return json.dumps(example)
+        return str(example)
+    return None
 
 
 def extract_answer(completion: str, how: str, pattern: re.Pattern | None = None) -> str | None:
@@ -71,17 +94,30 @@ class ReasoningGymTasks(ProceduralTasks):
         pick = random.Random(f"{self.cfg.seed}/{task_id}/dataset")
         name = pick.choices(self.names, self.weights)[0]
         entry = self.datasets[name][rng.randrange(MAX_ITEM_INDEX)]
-        answer = str(entry["answer"])
+        answer = gold_answer(entry)
         messages = (Message("user", entry["question"]),)
         if self.cfg.system_prompt:
             messages = (Message("system", self.cfg.system_prompt), *messages)
         return Task(
             id=task_id,
             messages=messages,
-            answer=answer,
-            solution=format_answer(answer, self.cfg.extract),
+            answer="" if answer is None else answer,  # scored by rules, not against a string
+            solution=None if answer is None else format_answer(answer, self.cfg.extract),
             info={"key": f"{name}/{entry['question']}", "data_source": name, "entry": entry},
         )
+
+    def require_solutions(self) -> None:
+        """A ConfigError when SFT is asked of a dataset whose items carry no answer to train on
+        (its score_answer checks a reply by rules: boxnet, rush_hour)."""
+        for name, dataset in self.datasets.items():
+            if gold_answer(dataset[0]) is None:
+                others = [n for n in self.names if n != name]
+                fix = f"drop it from task.datasets (keeping {others})" if others else ""
+                raise ConfigError(
+                    f"task.datasets: reasoning-gym's {name!r} gives no reference answer to train "
+                    f"on, and sft.steps > 0 trains on one; set sft.steps = 0 (RL alone) "
+                    f"{'or ' + fix if fix else ''}".rstrip()
+                )
 
     def train_task(self, index: int) -> Task:
         try:
