@@ -64,9 +64,19 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         dict(min_num_vertices=4, max_num_vertices=5, num_colors=3, edge_probability=0.3),
     ),
     "palindrome_small": ("palindrome_generation", dict(min_length=3, max_length=5)),
+    # any shortest path counts (the scorer walks it); queens on a 5 x 5 board with 1-3 given
+    "shortest_path_small": (
+        "shortest_path",
+        dict(min_rows=3, max_rows=4, min_cols=3, max_cols=4),
+    ),
+    "n_queens_5": ("n_queens", dict(n=5, min_remove=1, max_remove=3)),
 }
 # Run settings a dataset needs beyond the config's (a JSON colouring of 5 vertices is ~40 tokens)
-RUN_SETTINGS: dict[str, list[str]] = {"graph_color_small": ["rollout.max_new_tokens=56"]}
+RUN_SETTINGS: dict[str, list[str]] = {
+    "graph_color_small": ["rollout.max_new_tokens=56"],
+    "shortest_path_small": ["rollout.max_new_tokens=32"],
+    "n_queens_5": ["rollout.max_new_tokens=56"],
+}
 
 
 def resolve(name: str) -> tuple[str, dict]:
