@@ -70,12 +70,22 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         dict(min_rows=3, max_rows=4, min_cols=3, max_cols=4),
     ),
     "n_queens_5": ("n_queens", dict(n=5, min_remove=1, max_remove=3)),
+    # grids and lists a small model transforms after SFT, scored exactly (strict)
+    "mini_sudoku_easy": ("mini_sudoku", dict(min_empty=4, max_empty=8)),
+    "rotate_matrix_small": ("rotate_matrix", dict(min_n=2, max_n=3, max_rotations=3)),
+    "word_sorting_small": (
+        "word_sorting",
+        dict(min_words=3, max_words=4, min_word_length=3, max_word_length=6),
+    ),
 }
 # Run settings a dataset needs beyond the config's (a JSON colouring of 5 vertices is ~40 tokens)
 RUN_SETTINGS: dict[str, list[str]] = {
     "graph_color_small": ["rollout.max_new_tokens=56"],
     "shortest_path_small": ["rollout.max_new_tokens=32"],
     "n_queens_5": ["rollout.max_new_tokens=56"],
+    "mini_sudoku_easy": ["rollout.max_new_tokens=40"],
+    "rotate_matrix_small": ["rollout.max_new_tokens=24"],
+    "word_sorting_small": ["rollout.max_new_tokens=40"],
 }
 
 
