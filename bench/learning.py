@@ -53,6 +53,10 @@ PRESETS: dict[str, list[str]] = {
     "cool_signal": ["rollout.temperature=0.7", "algorithm.dynamic_sampling=true"],
     # the pass the evaluation counts as the reward: no partial credit from the library's scorer
     "strict": ["task.partial_credit=false"],
+    # strict, anchored to the SFT model (GRPO's KL term) or with half the learning rate: does
+    # either keep greedy pass@1 where RL does not lift it (word_sorting fell 8.7 in s14c)?
+    "strict_kl": ["task.partial_credit=false", "algorithm.kl_coef=0.05"],
+    "strict_lr5e-5": ["task.partial_credit=false", "optim.lr=5e-5"],
     # larger steps: the diagnostics said "updates barely moved the policy" (KL ~1e-4 per token)
     "lr1e-4": ["optim.lr=1e-4"],
     "lr3e-4": ["optim.lr=3e-4"],
