@@ -77,6 +77,7 @@ PRESETS: dict[str, list[str]] = {
 ELIGIBLE_HEADROOM = 0.10  # the goal counts datasets whose SFT model has pass@k - pass@1 >= this
 GOAL_RISE = 0.05
 MAX_DROP = 0.02
+ONE_ANSWER = 0.5  # after RL, one answer to at least this share of the held-out questions
 
 
 def main() -> None:
@@ -316,8 +317,19 @@ def summarize(results: list[dict]) -> dict:
     goals = {"eligible (headroom >= 10 points)": eligible}
     # pass@1 two ways: the greedy answer (the evaluation's), and the mean of the k samples at the
     # rollout temperature (the unbiased pass@1 estimator of the same draws as pass@k)
+    # a rise onto one answer given to most questions (shortest_path: "infeasible" to 85% of them
+    # after RL) is the answer's share of the data, not a skill: it does not count
+    one_answer = {
+        d
+        for d in per_dataset
+        if (mean([r for r in results if r["dataset"] == d], "top_answer_after") or 0.0)
+        >= ONE_ANSWER
+    }
+    goals["rose onto one answer (not counted)"] = sorted(one_answer)
     for label, key in (("greedy", "rise"), ("sampled", "sampled_rise")):
-        rose = [d for d in eligible if (per_dataset[d][key] or 0.0) >= GOAL_RISE]
+        rose = [
+            d for d in eligible if (per_dataset[d][key] or 0.0) >= GOAL_RISE and d not in one_answer
+        ]
         fell = [d for d, s in per_dataset.items() if s[key] is not None and s[key] < -MAX_DROP]
         goals[label] = {
             "rose >= 5 points": rose,

@@ -71,8 +71,8 @@ def test_partial_credit_kept_or_cut():
     reply scores len(answer) / len(reply)) train as they come, or count 0 with partial_credit
     false, the criterion the evaluation's pass counts by."""
     one = {"datasets": {"chain_sum": 1.0}, "dataset_config": {"chain_sum": EASY["chain_sum"]}}
-    on = ReasoningGymTasks(config(**one, extract="whole"))
-    off = ReasoningGymTasks(config(**one, extract="whole", partial_credit=False))
+    on = ReasoningGymTasks(config(**one, extract="whole", partial_credit=True))
+    off = ReasoningGymTasks(config(**one, extract="whole"))  # the default
     t = on.train_task(0)
     padded = f"{t.answer} ."
     assert on.reward(padded, t) == pytest.approx(len(t.answer) / len(padded))

@@ -200,7 +200,7 @@ def test_a_setting_that_differs_between_nodes_stops_both(starts):
     root, jobs, codes = starts
     assert codes["settings"] == [2, 2]
     for node in jobs["settings"]:
-        assert "optim.lr = 0.0001 on rank 0 on node 0" in node.output
+        assert "optim.lr = 5e-05 on rank 0 on node 0" in node.output  # the default
         assert "0.5 on rank 1 on node 1" in node.output
     said = report(root / "runs" / "settings")  # stopped before the run directory existed
     assert said.returncode == 2 and "not a run directory" in said.stderr

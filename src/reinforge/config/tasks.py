@@ -112,12 +112,14 @@ class ReasoningGymTaskConfig(ScoredTask):
     )
     """The system message before each question; "" for none (the question alone). Write one
     that asks for the form task.extract takes."""
-    partial_credit: bool = True
-    """Train on the library's partial scores as they come (a score between 0 and 1: the default
-    scorer gives len(answer) / len(reply) when the answer is inside a longer reply,
-    spell_backward the share of letters in place). false: a score under 1 is a reward of 0, the
-    criterion pass@k and the held-out accuracy count by; the run's note says when the mean
-    reward is mostly partial credit."""
+    partial_credit: bool = False
+    """false (default): a score under 1 is a reward of 0, the criterion pass@k and the held-out
+    accuracy count by. true: train on the library's partial scores as they come (the default
+    scorer gives len(answer) / len(reply) when the answer is inside a longer reply, palindrome
+    0.05 for any palindrome, spell_backward the share of letters in place); the run's note says
+    when the mean reward is mostly partial credit. Off by default from the learning suite: with
+    it on, RL lowered palindrome_generation's held-out pass@1 by 8.0 points (2 seeds; 1.5 off)
+    and trained caesar_cipher to a reward of 0.99 with 1% of samples passing."""
     num_eval: int = Field(200, ge=1, le=100_000)
     """Held-out tasks scored before and after training; no training task has the question of a
     held-out one."""
