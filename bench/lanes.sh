@@ -12,6 +12,7 @@ source bench/gpu_env.sh
 pids=()
 names=()
 while IFS='|' read -r name gpus secs cmd; do
+    [[ "$name" =~ ^[[:space:]]*(#|$) ]] && continue  # a comment (quotes and all) or a blank line
     name=$(echo "$name" | xargs)
     [ -z "$name" ] || [ "${name:0:1}" = "#" ] && continue
     gpus=$(echo "$gpus" | xargs)

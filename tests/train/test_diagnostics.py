@@ -17,6 +17,7 @@ from reinforge.train.loop.diagnostics import (
     headroom_metrics,
     headroom_text,
     policy_change,
+    question_repeats,
     task_consistency,
 )
 from reinforge.train.loop.run_notes import explain_run, reward_trend
@@ -296,3 +297,39 @@ def test_a_reward_of_partial_credit_is_noted():
         if "reward_mean" in r:
             r["accuracy"] = 0.99
     assert explain_run(rows) == []
+
+
+def test_repeated_training_questions_are_measured_and_noted():
+    """n_queens on a 5 x 5 board in the learning suite: few questions, trained again and again,
+    training reward up while held-out pass@1 fell. The step metric counts a question seen at an
+    earlier step (by its prompt messages, not its task id); the note names the fix."""
+    from types import SimpleNamespace
+
+    from reinforge.types import Message
+
+    def groups(*questions):
+        return [
+            SimpleNamespace(task=SimpleNamespace(messages=(Message("user", q),))) for q in questions
+        ]
+
+    seen: set[int] = set()
+    assert question_repeats(groups("a", "b", "c", "d"), seen) == {
+        "train_repeat_share": 0.0,
+        "train_distinct_questions": 4.0,
+    }
+    second = question_repeats(groups("a", "b", "e", "a"), seen)
+    assert second == {"train_repeat_share": 0.75, "train_distinct_questions": 5.0}
+
+    evals = [{"step": 0, "eval_accuracy": 0.62}, {"step": 30, "eval_accuracy": 0.555}]
+    rows = _rows([0.40, 0.45, 0.55, 0.62, 0.70, 0.75, 0.80, 0.82], 0.6, 5e-3, evals)
+    for i, r in enumerate(r for r in rows if "reward_mean" in r):
+        r["train_repeat_share"] = min(0.2 * i, 0.95)
+        r["train_distinct_questions"] = 40.0 + i
+    [note] = explain_run(rows)
+    assert "held-out pass@1 fell 62.0% -> 55.5%" in note
+    assert "of the later steps' prompts repeat a question trained on before (47 distinct" in note
+    assert "task.dataset_config" in note and "task.num_eval" in note
+    for r in rows:  # fresh questions every step: nothing said about them
+        r.pop("train_repeat_share", None)
+        r.pop("train_distinct_questions", None)
+    assert "repeat a question" not in explain_run(rows)[0]

@@ -30,7 +30,7 @@ from reinforge.rollout.trajectories import episode_metrics, tool_use_notes
 from reinforge.run import RunContext, Stopped, Summary
 from reinforge.sharding import full_weights
 from reinforge.train.loop.advantage_step import assign_advantages, build_step_batch
-from reinforge.train.loop.diagnostics import headroom_eval, headroom_text
+from reinforge.train.loop.diagnostics import headroom_eval, headroom_text, question_repeats
 from reinforge.train.loop.disaggregated import generate_for_trainers
 from reinforge.train.loop.learner import Learner, build_learner, score_with_models
 from reinforge.train.loop.nonfinite import enforce_non_finite_policy
@@ -80,9 +80,10 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
             log_eval(cfg, policy, tasks, logger, 0, eval_tokens, "before RL")
         summary.eval_before = first_eval_from_log(ctx.run_dir)
         start_step = state.step
+        seen: set[int] = set()  # the questions trained on (this process: from here on a resume)
         with progress_bar(cfg.run.max_steps, state.step, "RL") as advance:
             for step in range(state.step + 1, cfg.run.max_steps + 1):
-                metrics = rl_step(cfg, learner, tasks, state, step, logger, rollouts)
+                metrics = rl_step(cfg, learner, tasks, state, step, logger, rollouts, seen)
                 state.step = summary.final_step = step
                 summary.steps_trained = step - start_step
                 logger.log(step, metrics)
@@ -113,7 +114,9 @@ def rl_step(
     step: int,
     logger,
     rollouts: LocalRollouts | RemoteRollouts = LOCAL,
+    seen: set[int] | None = None,
 ) -> dict[str, float]:
+    """One RL step; `seen` (the questions of the earlier steps) adds the question-space metrics."""
     start = time.perf_counter()
     sampled, groups, sampling_metrics = rollouts.sample(cfg, learner.policy, tasks, state, step)
     if learner.policy.device.type == "cuda":
@@ -135,6 +138,7 @@ def rl_step(
         **rollout_metrics(sampled),
         **episode_metrics(sampled),
         **sampling_metrics,
+        **(question_repeats(groups, seen) if seen is not None else {}),
         **shaping_metrics,
         **metrics,
         "generate_s": gen_s,

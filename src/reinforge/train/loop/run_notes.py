@@ -28,6 +28,7 @@ MIN_TREND_STEPS = 6  # fewer RL steps than this: no trend to speak of
 MIN_CHANGE = 0.02  # a reward change below this (absolute) is no trend, whatever the noise
 MAX_HELD_OUT_DROP = 0.02  # held-out accuracy falling by more than this is worth a note
 CEILING = 0.95  # a reward this high that stays flat is solved, not stuck
+MANY_REPEATS = 0.5  # over the later half of the steps, this share of prompts seen before
 
 
 def reward_trend(rewards: Sequence[float]) -> tuple[str, float, float]:
@@ -95,6 +96,8 @@ def diagnosis(steps: Sequence[dict], evals: Sequence[dict]) -> list[str]:
             )
     partial = partial_credit(steps)
     said += [partial] if partial else []
+    repeats = few_questions(steps)
+    said += [repeats] if repeats else []
     said += _update_size(steps)
     last = next((r for r in reversed(evals) if "eval_sampled_pass@1" in r), None)
     if last is not None and last["eval_accuracy"] - last["eval_sampled_pass@1"] > TEMPERATURE_GAP:
@@ -123,6 +126,22 @@ def partial_credit(steps: Sequence[dict]) -> str | None:
         f"the reward is mostly partial credit: mean {reward:.2f} while {passed:.0%} of samples "
         "pass (reward >= 1), so RL climbs a score the pass rate does not count (a stricter "
         "reward, e.g. task.partial_credit = false for reasoning-gym, trains for the pass)"
+    )
+
+
+def few_questions(steps: Sequence[dict]) -> str | None:
+    """The note for training questions that keep coming back (`train_repeat_share`): RL can
+    learn them by heart, which the held-out questions do not reward."""
+    later = steps[len(steps) // 2 :]
+    share = _mean(later, "train_repeat_share")
+    if share is None or share < MANY_REPEATS:
+        return None
+    distinct = int(steps[-1].get("train_distinct_questions") or 0)
+    return (
+        f"{share:.0%} of the later steps' prompts repeat a question trained on before "
+        f"({distinct} distinct in {len(steps)} steps): the dataset's question space is small, "
+        "and RL can memorise it while the held-out questions gain nothing; widen the task's "
+        "settings (task.dataset_config), or lower task.num_eval, which takes questions out of it"
     )
 
 
