@@ -273,6 +273,15 @@ def gather_rows(rows: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts)
 
 
+def gather_objects(obj) -> list:
+    """Every training rank's `obj` (picklable, any size), in rank order."""
+    if not is_distributed():
+        return [obj]
+    parts: list = [None] * world_size()
+    torch.distributed.all_gather_object(parts, obj, group=_TRAIN_GROUP)
+    return parts
+
+
 def reduce_metrics(
     metrics: dict[str, float],
     summed: set[str] = frozenset(),

@@ -38,6 +38,7 @@ At the end: the summary's note (train/loop/run_notes.py) reads these.
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 from collections.abc import Sequence
 
@@ -55,12 +56,27 @@ SAMPLED = "eval_sampled_pass@"
 # ------------------------------------------------------------------------ per-step, pure
 
 
+MAX_QUESTIONS_SEEN = 1 << 20  # 8 MB of keys in a checkpoint; past it, new questions are not kept
+
+
+def question_key(messages) -> int:
+    """A question's key, the same in every process (Python's own str hash is salted per process,
+    and the keys of the questions seen travel in checkpoints): 8 bytes of BLAKE2b, signed."""
+    digest = hashlib.blake2b(repr(messages).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
+
 def question_repeats(groups: Sequence, seen: set[int]) -> dict[str, float]:
     """`train_repeat_share` and `train_distinct_questions` of a step's groups (one question
-    each: its prompt messages), adding them to `seen`, the questions of the earlier steps."""
-    keys = [hash(repr(g.task.messages)) for g in groups]
+    each: its prompt messages), adding them to `seen`, the questions of the earlier steps. In a
+    distributed run every rank counts every rank's groups, so all hold the same `seen`."""
+    from reinforge.distributed import gather_objects
+
+    mine = [question_key(g.task.messages) for g in groups]
+    keys = [k for part in gather_objects(mine) for k in part]
     repeats = sum(k in seen for k in keys)
-    seen.update(keys)
+    if len(seen) < MAX_QUESTIONS_SEEN:
+        seen.update(keys)
     return {
         "train_repeat_share": repeats / max(len(keys), 1),
         "train_distinct_questions": float(len(seen)),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -44,12 +44,15 @@ class Learner:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     reference: Reference | None = None  # the policy as RL started
     value_head: ValueHead | None = None
+    # keys of the questions RL trained on (diagnostics.question_repeats), kept across a resume
+    questions_seen: set[int] = field(default_factory=set)
 
     def checkpoint_state(self) -> dict:
         """What resume needs beyond the model, optimizer and RNG."""
         state: dict = {"algorithm": self.algorithm.state_dict()}
         if self.value_head is not None:
             state["value_head"] = self.value_head.state_dict()
+        state["questions_seen"] = torch.tensor(sorted(self.questions_seen), dtype=torch.int64)
         return state
 
 
@@ -85,6 +88,8 @@ def build_learner(
         algorithm.load_state_dict(extra["algorithm"])
         if value_head is not None:
             value_head.load_state_dict(extra["value_head"])
+        if "questions_seen" in extra:  # not in checkpoints written before it existed
+            learner.questions_seen.update(extra["questions_seen"].tolist())
         load_optimizer(ckpt, Saved(policy.model, policy.tokenizer, state, optimizer, scheduler))
         restore_rng(ckpt)
     return learner

@@ -80,10 +80,9 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
             log_eval(cfg, policy, tasks, logger, 0, eval_tokens, "before RL")
         summary.eval_before = first_eval_from_log(ctx.run_dir)
         start_step = state.step
-        seen: set[int] = set()  # the questions trained on (this process: from here on a resume)
         with progress_bar(cfg.run.max_steps, state.step, "RL") as advance:
             for step in range(state.step + 1, cfg.run.max_steps + 1):
-                metrics = rl_step(cfg, learner, tasks, state, step, logger, rollouts, seen)
+                metrics = rl_step(cfg, learner, tasks, state, step, logger, rollouts)
                 state.step = summary.final_step = step
                 summary.steps_trained = step - start_step
                 logger.log(step, metrics)
@@ -114,9 +113,7 @@ def rl_step(
     step: int,
     logger,
     rollouts: LocalRollouts | RemoteRollouts = LOCAL,
-    seen: set[int] | None = None,
 ) -> dict[str, float]:
-    """One RL step; `seen` (the questions of the earlier steps) adds the question-space metrics."""
     start = time.perf_counter()
     sampled, groups, sampling_metrics = rollouts.sample(cfg, learner.policy, tasks, state, step)
     if learner.policy.device.type == "cuda":
@@ -138,7 +135,7 @@ def rl_step(
         **rollout_metrics(sampled),
         **episode_metrics(sampled),
         **sampling_metrics,
-        **(question_repeats(groups, seen) if seen is not None else {}),
+        **question_repeats(groups, learner.questions_seen),
         **shaping_metrics,
         **metrics,
         "generate_s": gen_s,
