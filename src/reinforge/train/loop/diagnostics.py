@@ -27,7 +27,8 @@ from: `eval_sampled_pass@1`, `eval_sampled_pass@k`, and `eval_headroom` = sample
 the evaluation's own pass@1 (greedy by default) on the same tasks.
 
 Per RL step, the question space (`question_repeats`): `train_repeat_share`, the share of the
-step's prompts whose question an earlier step of this process already trained on, and
+step's prompts whose question an earlier step of the run already trained on (every rank's
+groups; the keys kept in checkpoints), and
 `train_distinct_questions`, the distinct questions so far. A procedural dataset with few
 questions (5 x 5 queens with 1-3 given: 250, of which the held-out split takes 200) repeats them
 from the first steps, and RL memorises them: training reward 0.40 -> 0.82 while held-out pass@1
@@ -45,6 +46,7 @@ from collections.abc import Sequence
 import torch
 
 from reinforge.algorithms.losses import MAX_LOG_RATIO, LossInputs, PolicyLossSettings
+from reinforge.distributed import gather_objects
 from reinforge.eval import EvalResult, evaluate
 from reinforge.eval.metrics import pass_at_k
 from reinforge.train.packing.forward import completion_rows
@@ -70,8 +72,6 @@ def question_repeats(groups: Sequence, seen: set[int]) -> dict[str, float]:
     """`train_repeat_share` and `train_distinct_questions` of a step's groups (one question
     each: its prompt messages), adding them to `seen`, the questions of the earlier steps. In a
     distributed run every rank counts every rank's groups, so all hold the same `seen`."""
-    from reinforge.distributed import gather_objects
-
     mine = [question_key(g.task.messages) for g in groups]
     keys = [k for part in gather_objects(mine) for k in part]
     repeats = sum(k in seen for k in keys)
