@@ -1,8 +1,9 @@
 """The chunked logprob's two reductions alone (issue 26): `chunk_stats` (forward: logprob of the
 target and entropy per row) and `chunk_grad_logits` (backward: dL/dlogits) over one chunk's
-logits [C, V] in bf16, timed eager, compiled as the trainer compiles them (dynamic shapes), and
-compiled for one static shape, with and without coordinate-descent tuning of the Triton
-configs; values compared with eager. A bench, not a timed test.
+logits [C, V] in bf16, timed eager, compiled as the trainer compiled them until session 15
+(dynamic shapes), compiled for one static shape, with and without coordinate-descent tuning,
+and the hand-written Triton kernels the trainer runs now (`logprob_kernels`: one pass forward,
+one read and one write backward); values compared with eager. A bench, not a timed test.
 
     python bench/logprob_kernels.py                  # C = 512, V = 151,936 (Qwen), H100/H200
 
@@ -24,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from reinforge.train.packing import logprob_kernels
 from reinforge.train.packing.logprobs import chunk_grad_logits, chunk_stats
 
 
@@ -55,7 +57,33 @@ def variants():
 
         return tuned
 
+    def triton_stats(logits, targets, temperature):
+        return logprob_kernels.row_stats(logits, targets, temperature)[:2]
+
+    def triton_grad(logits, targets, g_logp, g_ent, temperature):
+        # the trainer passes the forward's logsumexp and entropy; here they come with the call
+        _, entropy, lse = logprob_kernels.row_stats(logits, targets, temperature)
+        return logprob_kernels.grad_logits(
+            logits, targets, lse, entropy, g_logp, g_ent, temperature
+        )
+
+    stats_of: dict = {}  # the forward's stats, computed once per input (the trainer saves them)
+
+    def triton_grad_alone(logits, targets, g_logp, g_ent, temperature):
+        key = (logits.data_ptr(), temperature)
+        if key not in stats_of:
+            stats_of[key] = logprob_kernels.row_stats(logits, targets, temperature)
+        _, entropy, lse = stats_of[key]
+        return logprob_kernels.grad_logits(
+            logits, targets, lse, entropy, g_logp, g_ent, temperature
+        )
+
     return {
+        "triton (the trainer's since session 15; backward as it runs: stats from the forward)": (
+            triton_stats,
+            triton_grad_alone,
+        ),
+        "triton, backward with its own stats pass": (triton_stats, triton_grad),
         "eager": (chunk_stats, chunk_grad_logits),
         "compiled, dynamic (the trainer's)": (
             compiled(chunk_stats, True),

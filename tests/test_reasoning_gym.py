@@ -141,6 +141,40 @@ def test_config_mistakes_are_refused_with_the_fix():
         config(extract="regex")
 
 
+def test_question_after_shows_the_data_alone_and_refuses_a_missing_marker():
+    """Long library instructions cut for a short-context model; scoring and the split keep
+    the whole question."""
+    grid = {"shortest_path": {"min_rows": 3, "max_rows": 3, "min_cols": 3, "max_cols": 3}}
+    marker = "in the following grid:"
+    short = ReasoningGymTasks(
+        config(
+            datasets={"shortest_path": 1.0},
+            dataset_config=grid,
+            question_after={"shortest_path": marker},
+        )
+    )
+    full = ReasoningGymTasks(config(datasets={"shortest_path": 1.0}, dataset_config=grid))
+    for i in range(20):
+        a, b = short.train_task(i), full.train_task(i)
+        shown, whole = a.messages[-1].content, b.messages[-1].content
+        assert whole.rstrip().endswith(shown) and marker in whole and marker not in shown
+        assert set(shown) <= set("OX*#\n ") and len(shown) < len(whole) / 5, shown
+        assert a.info["key"] == b.info["key"] and a.solution == b.solution
+        assert short.reward(a.solution, a) == 1.0
+    with pytest.raises(ConfigError, match=r"question_after.shortest_path='no such text'.*does not"):
+        ReasoningGymTasks(
+            config(
+                datasets={"shortest_path": 1.0},
+                dataset_config=grid,
+                question_after={"shortest_path": "no such text"},
+            )
+        )
+    with pytest.raises(ValueError, match=r"question_after names \['gcd'\]"):
+        config(question_after={"gcd": "x"})
+    with pytest.raises(ValueError, match="empty marker"):
+        config(question_after={"chain_sum": " "})
+
+
 def test_a_score_answer_that_raises_is_counted_not_a_crash():
     env_tasks = single_turn_tasks(ReasoningGymTasks(config()))
     task = env_tasks.train_task(0)

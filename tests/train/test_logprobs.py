@@ -190,3 +190,58 @@ def test_in_place_is_off_for_a_weight_that_is_not_a_leaf():
     logp.sum().backward()
     expected = torch.autograd.grad(plain(hidden, weight * 2.0, targets, 1.0)[0].sum(), weight)[0]
     torch.testing.assert_close(weight.grad, expected.double(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (Triton kernels)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_triton_reductions_equal_the_reference_math(dtype):
+    """`logprob_kernels.row_stats` / `grad_logits` against `chunk_stats` / `chunk_grad_logits`
+    in float64, on a vocabulary that is not a multiple of the kernels' block, at a
+    temperature, with targets at both ends; the in-place gradient equals the out-of-place one;
+    and a whole chunked forward and backward (the trainer's path) equals full logits."""
+    from reinforge.train.packing import logprob_kernels
+    from reinforge.train.packing.logprobs import chunk_grad_logits, chunk_stats
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rows, vocab, t = 37, 10_000, 0.7
+    logits = (torch.randn(rows, vocab, device="cuda", generator=gen) * 4).to(dtype)
+    targets = torch.randint(0, vocab, (rows,), device="cuda", generator=gen)
+    targets[0], targets[1] = 0, vocab - 1
+    g_lp = torch.randn(rows, device="cuda", generator=gen)
+    g_ent = torch.randn(rows, device="cuda", generator=gen)
+    logp, ent, lse = logprob_kernels.row_stats(logits, targets, t)
+    ref_logp, ref_ent = chunk_stats(logits.double(), targets, t)
+    torch.testing.assert_close(logp.double(), ref_logp, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(ent.double(), ref_ent, atol=2e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        lse.double(), torch.logsumexp(logits.double() / t, -1), atol=2e-4, rtol=1e-5
+    )
+    grad = logprob_kernels.grad_logits(logits, targets, lse, ent, g_lp, g_ent, t)
+    ref = chunk_grad_logits(logits.double(), targets, g_lp.double(), g_ent.double(), t)
+    assert grad.dtype == dtype
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(grad.double(), ref, atol=tol * ref.abs().max().item(), rtol=tol)
+    in_place = logits.clone()
+    logprob_kernels.grad_logits(in_place, targets, lse, ent, g_lp, g_ent, t, out=in_place)
+    assert torch.equal(in_place, grad)
+
+    # the autograd function on CUDA (Triton path) against full float32 logits
+    hidden = torch.randn(50, 64, device="cuda", generator=gen, dtype=dtype, requires_grad=True)
+    weight = torch.randn(vocab, 64, device="cuda", generator=gen, dtype=dtype)
+    weight = (weight * 0.1).requires_grad_()
+    tg = torch.randint(0, vocab, (50,), device="cuda", generator=gen)
+    lp, en = chunked_logprobs(hidden, weight, tg, t, chunk_size=16)
+    (lp.sum() + 0.1 * en.sum()).backward()
+    h2 = hidden.detach().float().requires_grad_()
+    w2 = weight.detach().float().requires_grad_()
+    full = torch.log_softmax((h2 @ w2.t()) / t, -1)
+    lp2 = full.gather(1, tg[:, None])[:, 0]
+    en2 = -(full.exp() * full).sum(-1)
+    (lp2.sum() + 0.1 * en2.sum()).backward()
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(lp.float(), lp2, atol=tol, rtol=tol)
+    torch.testing.assert_close(en.float(), en2, atol=tol, rtol=tol)
+    for got, want in ((hidden.grad, h2.grad), (weight.grad, w2.grad)):
+        scale = want.abs().max().item()
+        torch.testing.assert_close(got.float(), want, atol=tol * scale, rtol=tol * 4)

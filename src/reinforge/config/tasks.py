@@ -112,6 +112,11 @@ class ReasoningGymTaskConfig(ScoredTask):
     )
     """The system message before each question; "" for none (the question alone). Write one
     that asks for the form task.extract takes."""
+    question_after: dict[str, str] = {}
+    """Per dataset, a marker in its questions: the model sees only the text after the marker's
+    last occurrence (the library's instructions before it dropped), for models with a short
+    context, e.g. {shortest_path = "in the following grid:"}. A question without the marker is
+    refused by name. Scoring and the held-out split use the whole question."""
     partial_credit: bool = False
     """false (default): a score under 1 is a reward of 0, the criterion pass@k and the held-out
     accuracy count by. true: train on the library's partial scores as they come (the default
@@ -133,11 +138,19 @@ class ReasoningGymTaskConfig(ScoredTask):
         bad = {n: w for n, w in self.datasets.items() if not w > 0}
         if bad:
             raise ValueError(f"task.datasets weights must be above 0, got {bad}; e.g. 1.0")
-        stray = sorted(set(self.dataset_config) - set(self.datasets))
-        if stray:
+        for setting in ("dataset_config", "question_after"):
+            stray = sorted(set(getattr(self, setting)) - set(self.datasets))
+            if stray:
+                raise ValueError(
+                    f"task.{setting} names {stray}, which task.datasets does not list "
+                    f"({sorted(self.datasets)}); add them to task.datasets or remove their "
+                    f"settings"
+                )
+        empty = sorted(n for n, marker in self.question_after.items() if not marker.strip())
+        if empty:
             raise ValueError(
-                f"task.dataset_config names {stray}, which task.datasets does not list "
-                f"({sorted(self.datasets)}); add them to task.datasets or remove their settings"
+                f"task.question_after: an empty marker for {empty}; give the text after which "
+                f'the question starts, e.g. {{shortest_path = "in the following grid:"}}'
             )
         if (self.extract == "regex") != (self.answer_regex is not None):
             raise ValueError(

@@ -95,7 +95,7 @@ class ReasoningGymTasks(ProceduralTasks):
         name = pick.choices(self.names, self.weights)[0]
         entry = self.datasets[name][rng.randrange(MAX_ITEM_INDEX)]
         answer = gold_answer(entry)
-        messages = (Message("user", entry["question"]),)
+        messages = (Message("user", self._shown_question(name, entry["question"])),)
         if self.cfg.system_prompt:
             messages = (Message("system", self.cfg.system_prompt), *messages)
         return Task(
@@ -105,6 +105,20 @@ class ReasoningGymTasks(ProceduralTasks):
             solution=None if answer is None else format_answer(answer, self.cfg.extract),
             info={"key": f"{name}/{entry['question']}", "data_source": name, "entry": entry},
         )
+
+    def _shown_question(self, name: str, question: str) -> str:
+        """The question as the model sees it: after task.question_after's marker, if set."""
+        marker = self.cfg.question_after.get(name)
+        if marker is None:
+            return question
+        _, found, tail = question.rpartition(marker)
+        if not found or not tail.strip():
+            raise ConfigError(
+                f"task.question_after.{name}={marker!r}: a {name} question "
+                f"{'has no text after' if found else 'does not contain'} the marker; it ends "
+                f"{question[-160:]!r}. Pick text every question has just before its data"
+            )
+        return tail.strip()
 
     def require_solutions(self) -> None:
         """A ConfigError when SFT is asked of a dataset whose items carry no answer to train on

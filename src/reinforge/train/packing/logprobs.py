@@ -77,12 +77,17 @@ class ChunkedLogprobs(torch.autograd.Function):
         num = hidden_NH.shape[0]
         logprobs_N = torch.empty(num, dtype=_math_dtype(weight_VH), device=hidden_NH.device)
         entropy_N = torch.empty_like(logprobs_N)
-        fused = fused_kernels(hidden_NH.device)
+        kernels = triton_kernels(hidden_NH.device, weight_VH.dtype)
+        # the Triton path keeps each row's logsumexp and entropy for the backward (N floats),
+        # which then makes one elementwise pass per chunk instead of two reductions and a pass
+        ctx.lse_N = torch.empty_like(logprobs_N) if kernels is not None else None
         for start in range(0, num, chunk_size):
             end = min(start + chunk_size, num)
-            if fused is not None:
-                logprobs_N[start:end], entropy_N[start:end] = fused[0](
-                    hidden_NH[start:end] @ weight_VH.t(), targets_N[start:end], temperature
+            if kernels is not None:
+                logprobs_N[start:end], entropy_N[start:end], ctx.lse_N[start:end] = (
+                    kernels.row_stats(
+                        hidden_NH[start:end] @ weight_VH.t(), targets_N[start:end], temperature
+                    )
                 )
                 continue
             z_CV = _chunk_logits(hidden_NH[start:end], weight_VH, temperature)
@@ -90,6 +95,7 @@ class ChunkedLogprobs(torch.autograd.Function):
             logprobs_N[start:end] = z_CV.gather(1, targets_N[start:end, None])[:, 0] - lse_C
             probs_CV = (z_CV - lse_C[:, None]).exp_()
             entropy_N[start:end] = lse_C - probs_CV.mul_(z_CV).sum(-1)  # H = lse - sum p z
+        ctx.entropy_N = entropy_N.clone() if kernels is not None else None
         return logprobs_N, entropy_N
 
     @staticmethod
@@ -111,17 +117,22 @@ class ChunkedLogprobs(torch.autograd.Function):
             grad_weight_VH = param.grad
         elif needs_weight:
             grad_weight_VH = torch.zeros_like(weight_VH)
-        fused = fused_kernels(hidden_NH.device)
+        kernels = triton_kernels(hidden_NH.device, weight_VH.dtype)
         for start in range(0, hidden_NH.shape[0], chunk_size):
             end = min(start + chunk_size, hidden_NH.shape[0])
             hidden_CH = hidden_NH[start:end]
-            if fused is not None:
-                grad_z_CV = fused[1](
-                    hidden_CH @ weight_VH.t(),
+            if ctx.lse_N is not None:
+                assert kernels is not None
+                logits_CV = hidden_CH @ weight_VH.t()
+                grad_z_CV = kernels.grad_logits(
+                    logits_CV,
                     targets_N[start:end],
+                    ctx.lse_N[start:end],
+                    ctx.entropy_N[start:end],
                     grad_logprobs_N[start:end],
                     grad_entropy_N[start:end],
                     temperature,
+                    out=logits_CV,
                 )
             else:
                 grad_z_CV = _chunk_grad_logits(
@@ -144,8 +155,8 @@ def chunk_stats(
     logits_CV: torch.Tensor, targets_C: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(logprob of each target, entropy) of one chunk's raw logits (the matmul's output, in the
-    weights' dtype): the forward's math as one expression, for torch.compile to fuse into a
-    couple of passes over the logits instead of a float32 [C, V] copy per step."""
+    weights' dtype): the forward's math as one expression, the reference the Triton kernels
+    (`logprob_kernels.row_stats`) are tested and benched against."""
     z_CV = logits_CV.to(_math_dtype(logits_CV)) / temperature
     lse_C = torch.logsumexp(z_CV, dim=-1)
     logprobs_C = z_CV.gather(1, targets_C[:, None])[:, 0] - lse_C
@@ -161,7 +172,8 @@ def chunk_grad_logits(
     temperature: float,
 ) -> torch.Tensor:
     """dL/d(logits) of one chunk, in the logits' dtype: `_chunk_grad_logits` as one expression
-    (the target's one-hot is a comparison, so nothing is scattered)."""
+    (the target's one-hot is a comparison, so nothing is scattered); the reference of
+    `logprob_kernels.grad_logits`."""
     z_CV = logits_CV.to(_math_dtype(logits_CV)) / temperature
     logp_CV = z_CV - torch.logsumexp(z_CV, dim=-1, keepdim=True)
     probs_CV = torch.exp(logp_CV)
@@ -173,21 +185,18 @@ def chunk_grad_logits(
     return (grad_CV / temperature).to(logits_CV.dtype)
 
 
-_FUSED: dict[str, tuple] = {}
-
-
-def fused_kernels(device: torch.device):
-    """`chunk_stats` and `chunk_grad_logits` compiled (Triton) on CUDA; None elsewhere: on a
-    CPU the in-place eager path uses less memory and compiling would cost each run seconds.
-    Measured on the G1 workload (H100): the eager LM head was 1.65 s of a 3.6 s update."""
-    if device.type != "cuda":
+def triton_kernels(device: torch.device, dtype: torch.dtype):
+    """The Triton reductions (`logprob_kernels`) for CUDA logits in bf16/fp16/fp32; None
+    elsewhere (a CPU, float64, or a torch without Triton), where the in-place eager path runs.
+    Measured on the G1 workload (H100): the eager LM head was 1.65 s of a 3.6 s update; the
+    same math compiled with dynamic shapes took 2.1-2.6 ms a 512-row chunk (bench/RESULTS.md)."""
+    if device.type != "cuda" or dtype == torch.float64:
         return None
-    if "cuda" not in _FUSED:
-        _FUSED["cuda"] = (
-            torch.compile(chunk_stats, dynamic=True),
-            torch.compile(chunk_grad_logits, dynamic=True),
-        )
-    return _FUSED["cuda"]
+    try:
+        from reinforge.train.packing import logprob_kernels
+    except ImportError:  # no Triton (e.g. Windows builds of torch)
+        return None
+    return logprob_kernels
 
 
 def _math_dtype(weight: torch.Tensor) -> torch.dtype:
