@@ -9,6 +9,7 @@ import pytest
 
 from reinforge.errors import ConfigError
 from reinforge.train.planner import (
+    MAX_MICRO_TOKENS,
     GiB,
     MiB,
     ModelShape,
@@ -69,7 +70,7 @@ def test_shapes_count_parameters_and_kv_bytes():
 def test_05b_full_finetune_on_80gb_fits_without_checkpointing():
     plan = plan_memory(PlanInputs(free_bytes=FREE_80GB, model=M05, **G1))
     assert not plan.gradient_checkpointing
-    assert plan.micro_batch_tokens == 32768
+    assert plan.micro_batch_tokens == MAX_MICRO_TOKENS
     # a KV pool for all 256 sequences at full length: 32 groups x (8 shared prompt pages + 8 x 32)
     assert plan.kv_pages == 32 * (8 + 8 * 32)
     assert plan.kv_cache_bytes == plan.kv_pages * 16 * M05.kv_bytes_per_token
@@ -90,7 +91,7 @@ def test_7b_full_finetune_adamw_on_80gb_is_refused_with_lora_suggested():
 def test_7b_lora_r32_on_80gb_fits_with_checkpointing():
     plan = plan_memory(PlanInputs(free_bytes=FREE_80GB, model=M7, lora_rank=32, **G2))
     assert plan.gradient_checkpointing
-    assert plan.micro_batch_tokens == 32768
+    assert plan.micro_batch_tokens == MAX_MICRO_TOKENS
     assert plan.kv_pages == 32 * (16 + 8 * 64)  # the whole step's rollout at once
 
 

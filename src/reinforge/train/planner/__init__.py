@@ -26,12 +26,15 @@ Choices, in order of preference (the first that fits wins; every choice can be o
 override that cannot fit is refused): no checkpointing with a micro-batch of at least 8192 tokens
 and a KV pool for the whole step's rollout; the same with checkpointing; smaller micro-batches
 (down to one full-length sequence); then a smaller KV pool (generation runs in waves). The
-micro-batch never exceeds the step's rollout tokens or 32,768 tokens. Why 8192: below it small
+micro-batch never exceeds the step's rollout tokens or 16,384 tokens. Why 8192: below it small
 models leave the GPU partly idle per micro-batch, while checkpointing costs about one extra
 forward (a third more training compute) and keeps a wide margin against the estimate's error.
-Why up to 32,768: a small model's update is bound by the host's per-layer work per micro-batch
-(G1 on an H100 at 16,384: 1.9 s of host time for 1.4 s of kernels), so fewer, larger
-micro-batches are faster (G1: train 3.08 -> 2.75 s, `bench/RESULTS.md` session 8).
+Why up to 16,384: a small model's update is bound by the host's per-layer work per micro-batch
+until a micro-batch's kernels outlast it. Session 8 raised the cap to 32,768 when G1's update was
+host-bound at 16,384 (train 3.08 -> 2.75 s on an H100); since session 15's Triton LM-head
+reductions (fewer, cheaper calls per token) 16,384 is as fast within 3% on an H200 (update 1.56
+vs 1.47-1.52 s) for 1.2 GiB less peak memory (5.28 vs 6.48 GiB); 8,192 is host-bound again
+(2.23 s). `bench/RESULTS.md`, session 15.
 
 LoRA generation (`rollout.lora_generation`, `engine.lora_merge`): "auto" decodes from a merged
 copy of the adapted projections (plain linear layers: the speed of the base model) when the copy

@@ -62,7 +62,11 @@ GiB = 1 << 30
 RESERVE_FRACTION = 0.06
 RESERVE_MIN_BYTES = 64 * MiB
 GOOD_MICRO_TOKENS = 8192
-MAX_MICRO_TOKENS = 32768
+# The largest micro-batch the planner packs. Past it a micro-batch's kernels outlast its host
+# work (per layer and micro-batch), so more tokens buy memory, not speed. Measured on G1 (H200,
+# session 15, after the Triton LM-head reductions): 32,768 tokens 1.47-1.52 s update, 6.48 GiB
+# peak; 16,384 1.56 s, 5.28 GiB; 8,192 2.23 s (host-bound), 4.62 GiB.
+MAX_MICRO_TOKENS = 16384
 SAMPLING_SEQS = 256
 PREFILL_CHUNK_TOKENS = 8192
 OPTIMIZER_STATE_BYTES = {"adamw_bf16": 4, "adamw_fp32": 8, "adamw_fp32_master": 12}
