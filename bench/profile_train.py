@@ -18,12 +18,15 @@ the replica's (its once-a-step gradient all-reduce).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import pickle
 import shutil
 import sys
 import time
+import traceback
+import warnings
 from collections import defaultdict
 
 import torch
@@ -47,6 +50,34 @@ def at_step(update, step: int, measured):
     return wrapper
 
 
+@contextlib.contextmanager
+def synchronizations():
+    """Counts the host-device synchronizations made inside (torch's sync debug mode), by the
+    Python stack that made them: each one drains the GPU's queue, so the host's per-layer work
+    after it is not hidden behind queued kernels."""
+    counts: dict[str, int] = defaultdict(int)
+    if not torch.cuda.is_available():
+        yield counts
+        return
+    shown = warnings.showwarning
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchronizing" not in str(message):
+            return shown(message, category, filename, lineno, file, line)
+        frames = [f for f in traceback.extract_stack()[:-1] if "warnings" not in f.filename]
+        counts["".join(traceback.format_list(frames[-7:]))] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield counts
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            warnings.showwarning = shown
+
+
 def profiled(out_file: str):
     """The update under torch.profiler: its wall time, the device's busy time (kernels summed),
     the operators by device time and by host time; with PROFILE_TRACE=1 also a gzipped Chrome
@@ -60,7 +91,8 @@ def profiled(out_file: str):
             torch.cuda.synchronize()
         start = time.perf_counter()
         with torch.profiler.profile(activities=activities) as prof:
-            result = update(*args, **kwargs)
+            with synchronizations() as syncs:
+                result = update(*args, **kwargs)
             if cuda:
                 torch.cuda.synchronize()
         wall = time.perf_counter() - start
@@ -75,6 +107,9 @@ def profiled(out_file: str):
             )
             f.write("\n\nby host time (self):\n")
             f.write(averages.table(sort_by="self_cpu_time_total", row_limit=45))
+            f.write(f"\n\nsynchronizing calls in the update: {sum(syncs.values())}\n")
+            for stack, count in sorted(syncs.items(), key=lambda kv: -kv[1])[:12]:
+                f.write(f"\n{count} x\n{stack}")
         if os.environ.get("PROFILE_TRACE") == "1":
             prof.export_chrome_trace(out_file + ".trace.json")
             with (
