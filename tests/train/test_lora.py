@@ -136,3 +136,68 @@ def test_packed_forward_runs_through_the_adapter_and_the_disabled_reference():
     with torch.no_grad(), adapter_disabled(model):
         reference_K, _ = packed_logprobs(model, batch)
     torch.testing.assert_close(reference_K, base_K.detach(), atol=1e-6, rtol=1e-6)
+
+
+def test_adapters_compute_in_a_bf16_base_dtype_with_float32_weights_and_gradients():
+    """On a bf16 base the adapter's matmuls take bf16 inputs (no float32 copy of each
+    projection's input), the weights and their gradients stay float32, and logits and
+    gradients match PEFT's float32 adapter path within bf16 rounding; a float32 base is left
+    alone; a deep copy computes with its own weights."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    from reinforge.train.policy.lora import adapters_in_base_dtype
+
+    def bf16_peft():
+        base = AutoModelForCausalLM.from_pretrained(builtin_path("micro", 0), dtype=torch.bfloat16)
+        peft_model, _ = apply_lora(base, rank=4, alpha=8)
+        randomize_adapter(peft_model)
+        return peft_model
+
+    def run(model):
+        seen = set()
+        hooks = [
+            m.register_forward_hook(lambda mod, args, out: seen.add(args[0].dtype))
+            for name, m in model.named_modules()
+            if name.endswith("lora_A.default")
+        ]
+        model.zero_grad(set_to_none=True)
+        out = model(input_ids=IDS).logits.float()
+        targets = IDS[:, 1:, None]
+        out[:, :-1].log_softmax(-1).gather(-1, targets).sum().backward()  # a policy's logprobs
+        for h in hooks:
+            h.remove()
+        grads = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+        return out.detach(), grads, seen
+
+    reference = bf16_peft()  # PEFT draws A at random: copies share it
+    patched, exact = copy.deepcopy(reference), copy.deepcopy(reference).float()
+    assert adapters_in_base_dtype(patched) == LAYERS * 7
+    ref_out, ref_grads, ref_seen = run(reference)
+    out, grads, seen = run(patched)
+    exact_out, exact_grads, _ = run(exact)  # the same weights, all in float32
+    assert ref_seen == {torch.float32} and seen == {torch.bfloat16}
+    # bf16 noise: the patched path is as far from float32 as PEFT's own path on a bf16 base
+    ref_err, err = (ref_out - exact_out).norm(), (out - exact_out).norm()
+    assert err <= 2 * ref_err and err <= 0.02 * exact_out.norm(), (err, ref_err)
+    assert grads.keys() == ref_grads.keys() and all(
+        g.dtype == torch.float32 for g in grads.values()
+    )
+
+    def flat(g):
+        return torch.cat([g[n].flatten() for n in sorted(g)])
+
+    want = flat(exact_grads)
+    ref_gerr, gerr = (flat(ref_grads) - want).norm(), (flat(grads) - want).norm()
+    assert gerr <= 2 * ref_gerr and gerr <= 0.02 * want.norm(), (gerr, ref_gerr, want.norm())
+    twin = copy.deepcopy(patched)
+    with torch.no_grad():
+        for name, p in twin.named_parameters():
+            if "lora_B" in name:
+                p.zero_()
+        base_out = twin.get_base_model()(input_ids=IDS).logits
+    with adapter_disabled(twin), torch.no_grad():
+        torch.testing.assert_close(twin(input_ids=IDS).logits, base_out)
+    torch.testing.assert_close(logits(twin).float(), base_out.float())  # its own zero B
+    assert adapters_in_base_dtype(apply_lora(micro_model(), rank=4, alpha=8)[0]) == 0

@@ -23,10 +23,13 @@ Contract
   adapter_model.safetensors), loadable by any PEFT user.
 - `adapter_disabled(model)` is the base model inside a `with`: the KL reference costs no
   second copy of the weights.
+- `adapters_in_base_dtype(model)`: on a bf16/fp16 base the adapters compute in that dtype
+  (float32 weights cast per call, float32 gradients); the trainer applies it to every adapter.
 """
 
 from __future__ import annotations
 
+import types
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -104,6 +107,41 @@ def apply_lora(
     if report.num_bound_modules == 0:
         raise _no_binding_error(model, targets)
     return peft_model, report
+
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def adapters_in_base_dtype(peft_model) -> int:
+    """Each LoRA linear layer of a bf16/fp16 base computes its adapter in the base's dtype: its
+    forward runs under autocast (the float32 A and B are cast per call, [r, H] each, and their
+    gradients come back in float32), and PEFT's cast of the layer's input to float32 is off.
+    Without it every adapted projection copied its [T, H] input to float32 and ran A and B as
+    float32 matmuls: on G2 (7b, rank 32, H100) copies, float32 GEMMs and the float32 adds and
+    scales were 20 s of a 44 s update (bench/RESULTS.md, session 15). The weights and their
+    AdamW states stay float32. Inside the layer, so a checkpointed layer's recomputation and
+    every caller get the same arithmetic. Returns the number of layers changed (0 for a
+    float32 base, where nothing changes)."""
+    from peft.tuners.lora import Linear as LoraLinear
+
+    changed = 0
+    for module in peft_model.modules():
+        if not isinstance(module, LoraLinear):
+            continue
+        base_dtype = module.get_base_layer().weight.dtype
+        if base_dtype not in LOW_PRECISION:
+            continue
+        module.cast_input_dtype_enabled = False
+        module.compute_dtype = base_dtype
+        # bound to the module (a deep copy binds to the copy)
+        module.forward = types.MethodType(_forward_in_compute_dtype, module)
+        changed += 1
+    return changed
+
+
+def _forward_in_compute_dtype(self, x, *args, **kwargs):
+    with torch.autocast(device_type=x.device.type, dtype=self.compute_dtype):
+        return type(self).forward(self, x, *args, **kwargs)
 
 
 def has_stacked_experts(model) -> bool:

@@ -54,7 +54,12 @@ def build_model(cfg, run_dir: Path, ckpt: Path | None, state: TrainerState, setu
 
 def attach_adapter(cfg, model, adapter: Path | None = None):
     """`model` wrapped with a fresh LoRA adapter, or with the one saved at `adapter`."""
-    from reinforge.train.policy.lora import apply_lora, load_adapter, lora_report
+    from reinforge.train.policy.lora import (
+        adapters_in_base_dtype,
+        apply_lora,
+        load_adapter,
+        lora_report,
+    )
 
     lora = cfg.model.lora
     if adapter is None:
@@ -64,6 +69,7 @@ def attach_adapter(cfg, model, adapter: Path | None = None):
     else:
         model = load_adapter(model, adapter, is_trainable=True)
         report = lora_report(model)
+    adapters_in_base_dtype(model)
     console.print(report.summary())
     return model
 
