@@ -7,9 +7,11 @@ Contract
   `-(p * log p).sum(-1)` of the same distribution.
 - Memory: logits exist for one chunk of `chunk_size` rows at a time, in the forward and in the
   backward, which recomputes each chunk's logits from the saved inputs. The autograd graph holds
-  only the inputs (hidden, weight, targets): never [N, V]. Peak extra memory is about
-  `chunk_size * V * 10` bytes (the matmul output in the weight dtype plus two float32 [c, V]
-  buffers), plus, when the head weight is trained, a [V, H] gradient accumulator in the weight's
+  only the inputs (hidden, weight, targets) and, on CUDA, each position's logsumexp and entropy
+  (N floats): never [N, V]. Peak extra memory on CUDA is one chunk's logits in the weight dtype
+  (`chunk_size * V * 2` bytes in bf16: the Triton kernels of `logprob_kernels` reduce them in
+  place and write the backward's gradient over them); the CPU path adds two float32 [c, V]
+  buffers. When the head weight is trained, add a [V, H] gradient accumulator in the weight's
   dtype (each chunk's product accumulates in float32 inside the matmul, then joins the sum).
 - `weight_grad_in_place=True` (the trainer's single-process path) sums the head-weight gradient
   straight into the weight's `.grad` (a leaf parameter) and hands autograd none: no [V, H]
