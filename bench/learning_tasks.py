@@ -70,6 +70,17 @@ VARIANTS: dict[str, tuple[str, dict]] = {
         dict(min_rows=3, max_rows=4, min_cols=3, max_cols=4),
     ),
     "n_queens_5": ("n_queens", dict(n=5, min_remove=1, max_remove=3)),
+    # session 15: fewer blocked cells (the library's 0.4 made 22% of small grids "infeasible",
+    # the answer RL collapsed onto in s14c); a 4 x 4 kakurasu (any grid meeting the sums);
+    # the shortest button sequence of a one-step lock (the scorer replays it); a path in a small
+    # star graph (unique, but found only by reading the edges)
+    "shortest_path_open": (
+        "shortest_path",
+        dict(min_rows=3, max_rows=4, min_cols=3, max_cols=4, p_blocked=0.2),
+    ),
+    "kakurasu_4": ("kakurasu", dict(min_rows=4, max_rows=4, min_cols=4, max_cols=4)),
+    "quantum_lock_easy": ("quantum_lock", dict(difficulty=1)),
+    "path_star_small": ("path_star", dict(min_path_length=2, max_path_length=3, node_range=100)),
     # grids and lists a small model transforms after SFT, scored exactly (strict)
     "mini_sudoku_easy": ("mini_sudoku", dict(min_empty=4, max_empty=8)),
     "rotate_matrix_small": ("rotate_matrix", dict(min_n=2, max_n=3, max_rotations=3)),
@@ -82,6 +93,13 @@ VARIANTS: dict[str, tuple[str, dict]] = {
 RUN_SETTINGS: dict[str, list[str]] = {
     "graph_color_small": ["rollout.max_new_tokens=56"],
     "shortest_path_small": ["rollout.max_new_tokens=32"],
+    "shortest_path_open": [
+        "rollout.max_new_tokens=40",
+        'task.question_after={shortest_path = "in the following grid:"}',
+    ],
+    "kakurasu_4": ["rollout.max_new_tokens=40"],
+    "quantum_lock_easy": ["rollout.max_new_tokens=32"],
+    "path_star_small": ["rollout.max_new_tokens=16"],
     "n_queens_5": ["rollout.max_new_tokens=56"],
     "mini_sudoku_easy": ["rollout.max_new_tokens=40"],
     "rotate_matrix_small": ["rollout.max_new_tokens=24"],
