@@ -195,7 +195,7 @@ def triton_kernels(device: torch.device, dtype: torch.dtype):
     if device.type != "cuda" or dtype == torch.float64:
         return None
     try:
-        from reinforge.train.packing import logprob_kernels
+        import reinforge.train.packing.logprob_kernels as logprob_kernels
     except ImportError:  # no Triton (e.g. Windows builds of torch)
         return None
     return logprob_kernels
