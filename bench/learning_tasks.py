@@ -82,6 +82,9 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     "quantum_lock_easy": ("quantum_lock", dict(difficulty=1)),
     "path_star_small": ("path_star", dict(min_path_length=2, max_path_length=3, node_range=100)),
     # grids and lists a small model transforms after SFT, scored exactly (strict)
+    # session 16: queens on an 8 x 8 board with 4-6 to place (any placement consistent with the
+    # given queens scores 1; ~2 per board), the board alone shown
+    "n_queens_8": ("n_queens", dict(n=8, min_remove=4, max_remove=6)),
     "mini_sudoku_easy": ("mini_sudoku", dict(min_empty=4, max_empty=8)),
     "rotate_matrix_small": ("rotate_matrix", dict(min_n=2, max_n=3, max_rotations=3)),
     "word_sorting_small": (
@@ -98,10 +101,23 @@ RUN_SETTINGS: dict[str, list[str]] = {
         'task.question_after={shortest_path = "in the following grid:"}',
     ],
     "kakurasu_4": ["rollout.max_new_tokens=40"],
-    "quantum_lock_easy": ["rollout.max_new_tokens=32"],
-    "path_star_small": ["rollout.max_new_tokens=16"],
+    "quantum_lock_easy": [
+        "rollout.max_new_tokens=40",
+        'task.question_after={quantum_lock = "for example: A → B → C"}',
+    ],
+    "path_star_small": [
+        "rollout.max_new_tokens=16",
+        'task.question_after={path_star = "Solve the following task:"}',
+    ],
     "n_queens_5": ["rollout.max_new_tokens=56"],
-    "mini_sudoku_easy": ["rollout.max_new_tokens=40"],
+    "n_queens_8": [
+        "rollout.max_new_tokens=136",
+        'task.question_after={n_queens = "no two queens attack each other."}',
+    ],
+    "mini_sudoku_easy": [
+        "rollout.max_new_tokens=40",
+        'task.question_after={mini_sudoku = "Solve this 4x4 Mini Sudoku puzzle:"}',
+    ],
     "rotate_matrix_small": ["rollout.max_new_tokens=24"],
     "word_sorting_small": ["rollout.max_new_tokens=40"],
 }
