@@ -86,6 +86,12 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     # given queens scores 1; ~2 per board), the board alone shown
     "n_queens_8": ("n_queens", dict(n=8, min_remove=4, max_remove=6)),
     "mini_sudoku_easy": ("mini_sudoku", dict(min_empty=4, max_empty=8)),
+    # session 16: the numbers alone to sort; a 3-4 x 3-4 matrix read in spiral order
+    "number_sorting_small": (
+        "number_sorting",
+        dict(min_numbers=3, max_numbers=4, min_decimals=0, max_decimals=0, min_value=0, max_value=99),
+    ),
+    "spiral_matrix_small": ("spiral_matrix", dict(min_n=3, max_n=4)),
     "rotate_matrix_small": ("rotate_matrix", dict(min_n=2, max_n=3, max_rotations=3)),
     "word_sorting_small": (
         "word_sorting",
@@ -119,6 +125,14 @@ RUN_SETTINGS: dict[str, list[str]] = {
         'task.question_after={mini_sudoku = "Solve this 4x4 Mini Sudoku puzzle:"}',
     ],
     "rotate_matrix_small": ["rollout.max_new_tokens=24"],
+    "number_sorting_small": [
+        "rollout.max_new_tokens=40",
+        'task.question_after={number_sorting = "Sort these numbers in"}',
+    ],
+    "spiral_matrix_small": [
+        "rollout.max_new_tokens=48",
+        'task.question_after={spiral_matrix = "what is the list of elements in spiral order?"}',
+    ],
     "word_sorting_small": ["rollout.max_new_tokens=40"],
 }
 
