@@ -86,6 +86,10 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     # given queens scores 1; ~2 per board), the board alone shown
     "n_queens_8": ("n_queens", dict(n=8, min_remove=4, max_remove=6)),
     "mini_sudoku_easy": ("mini_sudoku", dict(min_empty=4, max_empty=8)),
+    # session 16: one box on a 6 x 6 board (any move string that solves it scores 1: the scorer
+    # plays it); a 4 x 4 futoshiki (a unique grid, like mini_sudoku)
+    "sokoban_6": ("sokoban", dict(min_w=6, max_w=6, min_h=6, max_h=6, min_boxes=1, max_boxes=1)),
+    "futoshiki_4": ("futoshiki", dict(min_board_size=4, max_board_size=4)),
     # session 16: the numbers alone to sort; a 3-4 x 3-4 matrix read in spiral order
     "number_sorting_small": (
         "number_sorting",
@@ -125,6 +129,14 @@ RUN_SETTINGS: dict[str, list[str]] = {
         'task.question_after={mini_sudoku = "Solve this 4x4 Mini Sudoku puzzle:"}',
     ],
     "rotate_matrix_small": ["rollout.max_new_tokens=24"],
+    "sokoban_6": [
+        "rollout.max_new_tokens=16",
+        'task.question_after={sokoban = "Here is your puzzle:"}',
+    ],
+    "futoshiki_4": [
+        "rollout.max_new_tokens=120",
+        'task.question_after={futoshiki = "Futoshiki puzzle:"}',
+    ],
     "number_sorting_small": [
         "rollout.max_new_tokens=40",
         'task.question_after={number_sorting = "Sort these numbers in"}',
