@@ -83,10 +83,14 @@ ONE_ANSWER = 0.5  # after RL, one answer to at least this share of the held-out 
 def main() -> None:
     args = parse_args()
     out = Path(args.out)
-    if not args.report_only:
-        run_all(args, out)
-    run_dirs = [d for d in sorted((out / "runs").glob("*/*")) if d.parent.name != SFT_DIR]
-    results = [r for r in (run_result(d) for d in run_dirs) if r]
+    if args.merge:
+        results = merged_runs(args.merge, args.steps)
+    else:
+        if not args.report_only:
+            run_all(args, out)
+        run_dirs = [d for d in sorted((out / "runs").glob("*/*")) if d.parent.name != SFT_DIR]
+        results = [r for r in (run_result(d) for d in run_dirs) if r]
+    out.mkdir(parents=True, exist_ok=True)
     presets = sorted({r["preset"] for r in results})
     reports = {p: summarize([r for r in results if r["preset"] == p]) for p in presets}
     (out / "learning.json").write_text(json.dumps({"runs": results, "presets": reports}, indent=1))
@@ -115,6 +119,16 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="SFT once per dataset and seed (a one-step run whose sft_final checkpoint every "
         "preset's RL then starts from, sft.steps=0): presets compare RL on the same SFT model",
+    )
+    p.add_argument(
+        "--merge",
+        nargs="*",
+        default=[],
+        help="learning.json files of earlier calls: one report of their runs (a suite split "
+        "over calls), written to OUT; nothing runs",
+    )
+    p.add_argument(
+        "--steps", type=int, default=0, help="with --merge: only runs of this many RL steps"
     )
     args = p.parse_args()
     unknown = set(args.datasets.split(",")) - set(DATASETS) - set(VARIANTS)
@@ -279,6 +293,17 @@ def before_sft(run_dir: Path) -> float | None:
         if found:
             return float(found.group(1))
     return None
+
+
+def merged_runs(paths: list[str], steps: int) -> list[dict]:
+    """The runs of several learning.json files, each (preset, dataset, seed) once: a later
+    file's run replaces an earlier one's; with `steps`, only runs that trained that many steps."""
+    runs = {}
+    for path in paths:
+        for run in json.loads(Path(path).read_text())["runs"]:
+            if not steps or run["steps"] == steps:
+                runs[run["preset"], run["dataset"], run["seed"]] = run
+    return list(runs.values())
 
 
 def mean(rows: list[dict], key: str) -> float | None:
