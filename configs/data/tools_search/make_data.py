@@ -30,9 +30,11 @@ HERE = Path(__file__).parent
 BINS = ("red", "blue", "green", "black", "white", "gray", "pink", "brown")
 
 
-def main(num_parts: int, num_eval: int, search_fraction: float, seed: int) -> None:
+def main(
+    num_parts: int, digits: int, num_eval: int, search_fraction: float, seed: int, out: Path
+) -> None:
     rng = random.Random(seed)
-    parts = [str(number) for number in rng.sample(range(100, 1000), num_parts)]
+    parts = [str(n) for n in rng.sample(range(10 ** (digits - 1), 10**digits), num_parts)]
     bins = {p: rng.choice(BINS) for p in parts}
     docs = [Document(f"p{p}", f"part {p}", f"bin {bins[p]}") for p in parts]
     search = search_tools(BM25Backend(docs))[0]
@@ -54,17 +56,20 @@ def main(num_parts: int, num_eval: int, search_fraction: float, seed: int) -> No
                 ]
             messages.append({"role": "assistant", "content": bins[part]})
         rows.append({"messages": messages, "answer": bins[part], "extra_info": {"split": split}})
-    (HERE / "docs.jsonl").write_text(
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "docs.jsonl").write_text(
         "".join(json.dumps({"id": d.doc_id, "title": d.title, "text": d.text}) + "\n" for d in docs)
     )
-    (HERE / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num-parts", type=int, default=800)
+    parser.add_argument("--digits", type=int, default=3)
     parser.add_argument("--num-eval", type=int, default=64)
     parser.add_argument("--search-fraction", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=HERE)
     a = parser.parse_args()
-    main(a.num_parts, a.num_eval, a.search_fraction, a.seed)
+    main(a.num_parts, a.digits, a.num_eval, a.search_fraction, a.seed, a.out)
