@@ -31,20 +31,30 @@ BINS = ("red", "blue", "green", "black", "white", "gray", "pink", "brown")
 
 
 def main(
-    num_parts: int, digits: int, num_eval: int, search_fraction: float, seed: int, out: Path
+    num_parts: int,
+    digits: int,
+    marker: str,
+    distinct: bool,
+    num_eval: int,
+    search_fraction: float,
+    seed: int,
+    out: Path,
 ) -> None:
     rng = random.Random(seed)
-    parts = [str(n) for n in rng.sample(range(10 ** (digits - 1), 10**digits), num_parts)]
+    numbers = [str(n) for n in range(10 ** (digits - 1), 10**digits)]
+    if distinct:
+        numbers = [n for n in numbers if len(set(n)) == len(n)]
+    parts = rng.sample(numbers, num_parts)
     bins = {p: rng.choice(BINS) for p in parts}
     docs = [Document(f"p{p}", f"part {p}", f"bin {bins[p]}") for p in parts]
     search = search_tools(BM25Backend(docs))[0]
     rows = []
     for i, part in enumerate(parts):
         split = "test" if i < num_eval else "train"
-        messages = [{"role": "user", "content": f"Bin of part {part}?"}]
+        messages = [{"role": "user", "content": f"Bin of part {marker}{part}?"}]
         if split == "train":
             if rng.random() < search_fraction:
-                arguments = {"query": part, "k": 1}
+                arguments = {"query": marker + part, "k": 1}
                 call = {"name": "search", "arguments": json.dumps(arguments)}
                 messages += [
                     {
@@ -67,9 +77,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--num-parts", type=int, default=800)
     parser.add_argument("--digits", type=int, default=3)
+    parser.add_argument("--marker", default="")
+    parser.add_argument("--distinct", action="store_true")
     parser.add_argument("--num-eval", type=int, default=64)
     parser.add_argument("--search-fraction", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=HERE)
     a = parser.parse_args()
-    main(a.num_parts, a.digits, a.num_eval, a.search_fraction, a.seed, a.out)
+    main(a.num_parts, a.digits, a.marker, a.distinct, a.num_eval, a.search_fraction, a.seed, a.out)
