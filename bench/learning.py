@@ -363,7 +363,40 @@ def summarize(results: list[dict]) -> dict:
             "fell > 2 points": fell,
             "met": len(rose) >= 4 and not fell,
         }
+    goals["why not (eligible, greedy rise < 5 points)"] = {
+        d: why_not(per_dataset[d], [r for r in results if r["dataset"] == d])
+        for d in eligible
+        if per_dataset[d]["rise"] < GOAL_RISE
+    }
     return {"per_dataset": per_dataset, "goals": goals}
+
+
+def why_not(s: dict, runs: list[dict]) -> str:
+    """The diagnostic that explains an eligible dataset's small greedy rise, from its means over
+    seeds: a training reward that did not rise (nothing reinforced), or a greedy answer already
+    near pass@k (RL raised the samples, and the greedy answer had little room above it)."""
+    first = statistics.fmean(r["reward"][0] for r in runs)
+    last = statistics.fmean(r["reward"][1] for r in runs)
+    zero = mean(runs, "zero_signal_groups") or 0.0
+    room = (s["passk_before"] or 0.0) - (s["pass1_before"] or 0.0)
+    sampled = s["sampled_rise"] or 0.0
+    if last - first < 0.02:
+        return (
+            f"the training reward did not rise ({first:.2f} -> {last:.2f}; {zero:.0%} of groups "
+            f"without signal): the samples found nothing more to reinforce (sampled pass@1 "
+            f"{100 * sampled:+.1f})"
+        )
+    if sampled >= GOAL_RISE and room < 2 * GOAL_RISE + 0.05:
+        return (
+            f"greedy pass@1 {100 * s['pass1_before']:.1f} was {100 * room:.1f} points under "
+            f"pass@k ({100 * s['passk_before']:.1f}): RL raised the sampled pass@1 "
+            f"{100 * sampled:+.1f} toward the greedy answer, which gained {100 * s['rise']:+.1f} "
+            "of its small room"
+        )
+    return (
+        f"reward {first:.2f} -> {last:.2f}, sampled pass@1 {100 * sampled:+.1f}, greedy "
+        f"{100 * s['rise']:+.1f} of its {100 * room:.1f}-point room under pass@k: slow, not stuck"
+    )
 
 
 def format_table(results: list[dict], report: dict) -> str:

@@ -112,7 +112,7 @@ def test_flat_reward_note_names_the_reasons():
     rows = _rows(
         [0.17, 0.2, 0.18, 0.19, 0.17, 0.2, 0.18, 0.19, 0.18],
         zero_signal=0.87,
-        policy_kl=3e-5,
+        policy_kl=1e-5,
         evals=[
             {"step": 0, "eval_accuracy": 0.335, "eval_sampled_pass@1": 0.20}
             | {"eval_sampled_pass@8": 0.365, "eval_headroom": 0.03},
