@@ -93,7 +93,9 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     # session 16: the numbers alone to sort; a 3-4 x 3-4 matrix read in spiral order
     "number_sorting_small": (
         "number_sorting",
-        dict(min_numbers=3, max_numbers=4, min_decimals=0, max_decimals=0, min_value=0, max_value=99),
+        dict(
+            min_numbers=3, max_numbers=4, min_decimals=0, max_decimals=0, min_value=0, max_value=99
+        ),
     ),
     "spiral_matrix_small": ("spiral_matrix", dict(min_n=3, max_n=4)),
     "rotate_matrix_small": ("rotate_matrix", dict(min_n=2, max_n=3, max_rotations=3)),

@@ -11,7 +11,7 @@ import pytest
 from reinforge.config.tasks import ReasoningGymTaskConfig
 from reinforge.envs.env_tasks import single_turn_tasks
 from reinforge.errors import ConfigError
-from reinforge.faults import RewardErrors
+from reinforge.faults import RewardErrors, guard_reward
 
 pytest.importorskip("reasoning_gym", reason="reasoning-gym (the `reasoning` extra) not installed")
 
@@ -216,3 +216,92 @@ def test_trains_through_the_cli(tmp_path):
     assert evals and all("eval_pass@1/chain_sum" in r for r in evals), evals[-1].keys()
     samples = [json.loads(line) for line in (tmp_path / "rg" / "samples.jsonl").open()]
     assert {s["data_source"] for s in samples} <= {"chain_sum", "spell_backward"}
+
+
+def test_answers_that_look_like_code_never_reach_a_scorer_that_runs_them(tmp_path):
+    """n_queens' scorer `eval`s an answer that is not one of its boards, countdown's runs it
+    through sympy's parse_expr: an attack is refused unscored and counted (a reward error),
+    whatever the extraction; boards and arithmetic are scored as before."""
+    from reinforge.tasks.reasoning_gym_task import UnsafeAnswer
+
+    marker = tmp_path / "pwned"
+    tasks = build_task_source(
+        config(
+            datasets={"n_queens": 1.0, "countdown": 1.0},
+            dataset_config={"n_queens": {"n": 8, "min_remove": 2, "max_remove": 4}},
+            num_eval=8,
+            extract="whole",
+            system_prompt="",
+        )
+    )
+    train = [tasks.train_task(i) for i in range(40)]
+    queens = next(t for t in train if t.info["data_source"] == "n_queens")
+    countdown = next(t for t in train if t.info["data_source"] == "countdown")
+    assert tasks.reward(queens.solution, queens) == 1.0
+    assert tasks.reward(countdown.solution, countdown) == 1.0
+    attacks = [
+        f"__import__('os').system('touch {marker}')",
+        f"open('{marker}', 'w').write('x')",
+        "exit()",
+        f"lambdify(x, 'o' + 's' + chr(46) + 'system(\"touch {marker}\")')(1)",
+        f'S("touch {marker}")',
+        "().x",
+    ]
+    for task in (queens, countdown):
+        for attack in attacks:
+            with pytest.raises(UnsafeAnswer, match="was not scored"):
+                tasks.reward(attack, task)
+    assert not marker.exists()
+    # through the rollout's scoring: each refusal is a counted zero, the rest scores
+    errors = RewardErrors()
+    reward = guard_reward(tasks.reward, errors)
+    scored = [reward(a, queens) for a in [*attacks, queens.solution]]
+    assert scored == [0.0] * len(attacks) + [1.0] and errors.counts["reward_errors"] == len(attacks)
+
+
+def test_a_scorer_that_hangs_or_exits_costs_its_worker_not_the_run():
+    """Past the screen, the scorer still runs in a worker: `exit()` in n_queens' `eval` kills
+    only the worker (the call reports it, the pool replaces it), and a power tower that sympy
+    would compute for ever (countdown) times out; the next answers score as usual."""
+    import reinforge.tasks.reasoning_gym_scoring as scoring
+    from reinforge.rewards.math import MathVerifier
+
+    queens_settings = {"n": 8, "min_remove": 2, "max_remove": 4}
+    tasks = build_task_source(
+        config(
+            datasets={"n_queens": 1.0, "countdown": 1.0},
+            dataset_config={"n_queens": queens_settings},
+            num_eval=8,
+            extract="whole",
+            system_prompt="",
+        )
+    )
+    train = [tasks.train_task(i) for i in range(40)]
+    queens = next(t for t in train if t.info["data_source"] == "n_queens")
+    countdown = next(t for t in train if t.info["data_source"] == "countdown")
+    q = ("n_queens", json.dumps(queens_settings, sort_keys=True), 0, queens.info["entry"])
+    c = ("countdown", "{}", 0, countdown.info["entry"])
+    with MathVerifier(num_workers=1, timeout_s=3.0, checker=scoring.__name__, label="rg") as pool:
+        results = pool.check_batch(
+            [(*q, "exit()"), (*c, "9**9**9**9**9"), (*q, queens.solution), (*c, countdown.solution)]
+        )
+        assert results[0][0] == 0.0 and "died" in results[0][1]
+        assert results[1] == (0.0, "ran past the 3 s timeout")
+        assert results[2:] == [(1.0, None), (1.0, None)]
+        assert pool.num_timeouts == 1
+
+
+def test_the_screen_passes_answers_of_every_shape_and_flags_only_evaluating_scorers():
+    from reasoning_gym.factory import DATASETS
+
+    from reinforge.tasks.reasoning_gym_scoring import code_hazard, evaluates_code
+
+    for answer in ["_ Q _ _\n_ _ _ Q", "1 2 3 4", "[[0, 1], [1, 0]]", "3*4+5", "EACADDE"]:
+        assert code_hazard(answer) is None, answer
+    for answer in ["x**3/3 + sin(x) + C", "['1', '2', '10']", "The sum is 5. So 5", "A → B"]:
+        assert code_hazard(answer) is None, answer
+    assert code_hazard("x.real") == "an attribute access"
+    assert code_hazard("Function('f')(x)") == "a string literal beside a call"
+    flagged = {n for n, (cls, _) in DATASETS.items() if evaluates_code(cls)}
+    assert {"n_queens", "countdown", "spiral_matrix", "simple_integration"} <= flagged
+    assert not flagged & {"graph_color", "shortest_path", "spell_backward", "chain_sum"}

@@ -100,7 +100,12 @@ class MathVerifier:
     """
 
     def __init__(
-        self, num_workers: int | None = None, timeout_s: float = 5.0, memory_mb: int = 1024
+        self,
+        num_workers: int | None = None,
+        timeout_s: float = 5.0,
+        memory_mb: int = 1024,
+        checker: str = "reinforge.rewards.math_worker",
+        label: str = "math-verify",
     ):
         if num_workers is None:  # a worker per core, up to 8 (each holds sympy, ~60 MB)
             num_workers = min(8, os.cpu_count() or 2)
@@ -112,6 +117,8 @@ class MathVerifier:
             raise ConfigError(f"memory_mb must be >= 16, got {memory_mb}; try memory_mb=1024")
         self.timeout_s = float(timeout_s)
         self.memory_mb = int(memory_mb)
+        # the workers' check (`math_worker`'s docstring) and the name logs and errors give them
+        self.checker, self.label = checker, label
         self.num_checked = 0
         self.num_timeouts = 0
         self.num_out_of_memory = 0
@@ -160,7 +167,7 @@ class MathVerifier:
             )
             self._raise_if_unusable()
             if not is_ready:
-                raise TimeoutError(f"math-verify workers did not start within {timeout_s} s")
+                raise TimeoutError(f"{self.label} workers did not start within {timeout_s} s")
 
     def score(self, completion: str, answer: str) -> float:
         """1.0 if the completion's final answer equals `answer`, else 0.0."""
@@ -169,21 +176,27 @@ class MathVerifier:
     def score_batch(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
         """Score (completion, answer) pairs concurrently across the free workers, in input
         order."""
-        rewards = [0.0] * len(pairs)
-        todo = deque(range(len(pairs)))
+        return [score for score, _ in self.check_batch(pairs)]
+
+    def check_batch(self, items: Sequence[tuple]) -> list[tuple[float, str | None]]:
+        """Each item's (score, why it failed or None), in input order: a failed item (it ran
+        past the timeout, hit the memory cap, raised, or its worker died) scores 0.0."""
+        rewards = [0.0] * len(items)
+        failures: list[str | None] = [None] * len(items)
+        todo = deque(range(len(items)))
         running: dict[_Worker, tuple[int, float]] = {}  # worker -> (item, its deadline)
         try:
             while todo or running:
-                self._dispatch(todo, running, pairs)
-                self._collect(running, rewards, is_queued=bool(todo))
+                self._dispatch(todo, running, items)
+                self._collect(running, rewards, failures, is_queued=bool(todo))
         except BaseException:  # an interrupted call: its busy workers' replies would be stale
             with self._cond:
                 for worker in running:
                     self._replace(worker)
             raise
         with self._cond:
-            self.num_checked += len(pairs)
-        return rewards
+            self.num_checked += len(items)
+        return list(zip(rewards, failures, strict=True))
 
     # ---- taking, returning and replacing workers (under self._cond)
 
@@ -197,8 +210,8 @@ class MathVerifier:
         parent_conn, child_conn = self._ctx.Pipe()
         process = self._ctx.Process(
             target=worker_main,
-            args=(child_conn, self.memory_mb),
-            name="reinforge-math-verify",
+            args=(child_conn, self.memory_mb, self.checker),
+            name=f"reinforge-{self.label}",
             daemon=True,
         )
         process.start()
@@ -206,7 +219,7 @@ class MathVerifier:
         worker = _Worker(process, parent_conn)
         self._workers.append(worker)
         threading.Thread(
-            target=self._await_start, args=(worker,), name="math-verify-start", daemon=True
+            target=self._await_start, args=(worker,), name=f"{self.label}-start", daemon=True
         ).start()
 
     def _replace(self, worker: _Worker) -> None:
@@ -239,21 +252,22 @@ class MathVerifier:
                 if not value and not _said_no_memory_limit:
                     _said_no_memory_limit = True
                     log.warning(
-                        "math-verify workers run without a memory limit on %s (Linux only)",
+                        "%s workers run without a memory limit on %s (Linux only)",
+                        self.label,
                         sys.platform,
                     )
             elif kind == "failed":
-                self._failure = ConfigError(f"math rewards need math-verify: {value}")
+                self._failure = ConfigError(f"{self.label} workers cannot start: {value}")
             elif kind == "slow":
                 self._failure = RuntimeError(
-                    f"a math-verify worker did not start within {_STARTUP_TIMEOUT_S:.0f} s"
+                    f"a {self.label} worker did not start within {_STARTUP_TIMEOUT_S:.0f} s"
                 )
             else:
                 self._num_failed_starts += 1
                 if self._num_failed_starts > _MAX_FAILED_STARTS:
                     code = worker.process.exitcode
                     self._failure = RuntimeError(
-                        f"math-verify workers keep exiting while starting (last exit code {code})"
+                        f"{self.label} workers keep exiting while starting (last exit code {code})"
                     )
                 else:
                     self._replace(worker)
@@ -295,7 +309,11 @@ class MathVerifier:
         return False
 
     def _collect(
-        self, running: dict[_Worker, tuple[int, float]], rewards: list[float], is_queued: bool
+        self,
+        running: dict[_Worker, tuple[int, float]],
+        rewards: list[float],
+        failures: list[str | None],
+        is_queued: bool,
     ) -> None:
         """Wait for a reply or the first deadline among this call's running items (briefly,
         when items wait for a worker that another call may free), and act on what happened."""
@@ -308,9 +326,10 @@ class MathVerifier:
             for worker, (item, deadline) in list(running.items()):
                 if worker.conn.poll():
                     del running[worker]
-                    self._receive(worker, item, rewards)
+                    self._receive(worker, item, rewards, failures)
                 elif now >= deadline:
                     del running[worker]
+                    failures[item] = f"ran past the {self.timeout_s:g} s timeout"
                     with self._cond:
                         self.num_timeouts += 1
                         self._replace(worker)
@@ -319,15 +338,18 @@ class MathVerifier:
                 self._raise_if_unusable()
             raise
 
-    def _receive(self, worker: _Worker, item: int, rewards: list[float]) -> None:
+    def _receive(
+        self, worker: _Worker, item: int, rewards: list[float], failures: list[str | None]
+    ) -> None:
         try:
             kind, value = worker.conn.recv()
         except EOFError:  # the worker died (killed from outside, a crash in C code)
             kind, value = "died", f"the worker checking item {item} died"
         if kind == "ok":
-            rewards[item] = 1.0 if value else 0.0
+            rewards[item] = float(value)  # a bool (math-verify) or a score
             self._release(worker)
             return
+        failures[item] = value
         with self._cond:
             self.last_error = value
             if kind == "memory":
@@ -335,7 +357,7 @@ class MathVerifier:
             else:
                 if self.num_errors == 0:
                     log.warning(
-                        "math-verify error (scored 0.0; later ones only counted): %s", value
+                        "%s error (scored 0.0; later ones only counted): %s", self.label, value
                     )
                 self.num_errors += 1
             if kind == "error":

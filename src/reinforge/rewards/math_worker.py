@@ -1,13 +1,17 @@
-"""The worker side of `reinforge.rewards.math`: one process that checks answers with math-verify
-until its parent says stop, under an address-space cap.
+"""The worker side of `reinforge.rewards.math`: one process that checks answers until its parent
+says stop, under an address-space cap.
 
-It answers each item with ("ok", bool), ("error", message) when math-verify raised, or
-("memory", message) when the item hit the memory cap, after which the process exits for the
-parent to replace it. Its first message is ("ready", has_memory_limit) or ("failed", why).
+The checker is a module with `check(*item)` (a bool or a score) and `warm_up()` (imports what
+check needs, so no item's clock pays for it; ImportError when a package is missing): this one for
+math-verify, `reinforge.tasks.reasoning_gym_worker` for reasoning-gym's scorers. The worker
+answers each item with ("ok", value), ("error", message) when the check raised, or ("memory",
+message) when the item hit the memory cap, after which the process exits for the parent to
+replace it. Its first message is ("ready", has_memory_limit) or ("failed", why).
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import signal
@@ -37,6 +41,13 @@ def check(completion: str, answer: str) -> bool:
     return bool(pred) and verify(gold, pred, timeout_seconds=None)
 
 
+def warm_up() -> None:
+    try:
+        check("$1$", "1")
+    except ImportError as e:
+        raise ImportError(f"{e}; install it with: pip install 'math-verify>=0.7'") from None
+
+
 def _peak_rss_mb() -> float:
     """This process image's peak resident memory (Linux's VmHWM; not `ru_maxrss`, which keeps
     the peak of the parent it was forked from across the exec)."""
@@ -64,15 +75,16 @@ def _limit_memory(memory_mb: int) -> float | None:
     return _peak_rss_mb() + MEMORY_ALARM * memory_mb
 
 
-def worker_main(conn: Connection, memory_mb: int) -> None:
+def worker_main(conn: Connection, memory_mb: int, checker: str = __name__) -> None:
     # Ctrl-C belongs to the parent, which kills its workers on close.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Disabling math-verify's signal timeout logs a warning; here the parent's kill is the timeout.
     logging.getLogger("math_verify").setLevel(logging.ERROR)
+    module = importlib.import_module(checker)
     try:
-        check("$1$", "1")  # import and warm up now, so no item's clock pays for it
+        module.warm_up()  # import and warm up now, so no item's clock pays for it
     except ImportError as e:
-        conn.send(("failed", f"{e}; install it with: pip install 'math-verify>=0.7'"))
+        conn.send(("failed", str(e)))
         return
     alarm_mb = _limit_memory(memory_mb)
     conn.send(("ready", alarm_mb is not None))
@@ -86,7 +98,7 @@ def worker_main(conn: Connection, memory_mb: int) -> None:
         # Model output is arbitrary text and sympy raises anything on some of it; such an item is
         # an error to count, not a reason to lose the worker.
         try:
-            reply = ("ok", check(*item))
+            reply = ("ok", module.check(*item))
         except MemoryError:
             reply = ("memory", f"an allocation failed under the {memory_mb} MB limit")
         except Exception as e:

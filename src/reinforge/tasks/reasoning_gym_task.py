@@ -4,23 +4,29 @@ Every task draws a dataset by weight and one of its items by a random index, bot
 (task.seed, the task's index); reasoning-gym builds an item from (seed + index) alone, so nothing
 is stored or downloaded. The held-out tasks come from their own stream, and a training draw whose
 question is a held-out one is drawn again (`ProceduralTasks`). An item is scored by its dataset's
-own `score_answer` on the answer `task.extract` takes from the completion; a `score_answer` that
-raises is the scorer's to count (`reward_errors`), as for any reward.
+own `score_answer` on the answer `task.extract` takes from the completion, in a worker process
+under a timeout, with answers that look like code kept from scorers that run them
+(`reasoning_gym_scoring`); a `score_answer` that raises, hangs or kills its worker, and a refused
+answer, score 0 and are counted (`reward_errors`), as for any reward.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import json
 import random
 import re
 
 from reinforge.errors import ConfigError
 from reinforge.tasks.procedural import ProceduralTasks
+from reinforge.tasks.reasoning_gym_scoring import (
+    MAX_ITEM_INDEX,
+    code_hazard,
+    create_dataset,
+    evaluates_code,
+    scorer_pool,
+)
 from reinforge.types import Message, Task
 
-MAX_ITEM_INDEX = 2**48  # reasoning-gym seeds an item's generator with (seed + index)
 NUM_EARLY_DRAWS = 16  # training draws made at build time: a held-out split that covers a
 # dataset's whole problem space fails then, not mid-run
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
@@ -72,7 +78,10 @@ class ReasoningGymTasks(ProceduralTasks):
     name = "reasoning_gym"
 
     def __init__(self, cfg):
-        self.datasets = {name: _create(name, cfg) for name in cfg.datasets}
+        self.datasets = {
+            name: create_dataset(name, dict(cfg.dataset_config.get(name, {})), cfg.seed)
+            for name in cfg.datasets
+        }
         self.names = list(cfg.datasets)
         self.weights = [cfg.datasets[n] for n in self.names]
         self.pattern = re.compile(cfg.answer_regex) if cfg.answer_regex else None
@@ -149,42 +158,21 @@ class ReasoningGymTasks(ProceduralTasks):
         answer = extract_answer(completion, self.cfg.extract, self.pattern)
         if answer is None:
             return 0.0
-        dataset = self.datasets[task.info["data_source"]]
-        score = float(dataset.score_answer(answer, task.info["entry"]))
+        name = task.info["data_source"]
+        if evaluates_code(type(self.datasets[name])):
+            hazard = code_hazard(answer)
+            if hazard:
+                raise UnsafeAnswer(
+                    f"reasoning-gym {name}: an answer with {hazard} was not scored (its scorer "
+                    f"runs answers as code): {answer[:80]!r}"
+                )
+        settings = json.dumps(self.cfg.dataset_config.get(name, {}), sort_keys=True)
+        item = (name, settings, self.cfg.seed, task.info["entry"], answer)
+        [(score, failure)] = scorer_pool().check_batch([item])
+        if failure is not None:
+            raise RuntimeError(f"reasoning-gym {name} score_answer: {failure}")
         return score if self.cfg.partial_credit or score >= 1.0 else 0.0
 
 
-def _create(name: str, cfg):
-    """reasoning-gym's dataset `name` with its task.dataset_config, or a ConfigError naming the
-    fix: a missing extra, an unknown name (with the closest), an unknown or invalid setting."""
-    try:
-        from reasoning_gym.factory import DATASETS
-    except ImportError:
-        raise ConfigError(
-            'task.name = "reasoning_gym" needs reasoning-gym: pip install "reinforge[reasoning]"'
-        ) from None
-    if name not in DATASETS:
-        close = difflib.get_close_matches(name, list(DATASETS), n=5, cutoff=0.5)
-        hint = f"close names: {close}" if close else f"e.g. {sorted(DATASETS)[:8]}"
-        raise ConfigError(
-            f"task.datasets: {name!r} is not a reasoning-gym dataset; {hint} "
-            f"(all {len(DATASETS)}: reasoning_gym.factory.DATASETS)"
-        )
-    dataset_cls, config_cls = DATASETS[name]
-    settings = dict(cfg.dataset_config.get(name, {}))
-    fields = [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
-    unknown = sorted(set(settings) - set(fields))
-    if unknown:
-        raise ConfigError(
-            f"task.dataset_config.{name}: {unknown} are not settings of {config_cls.__name__}; "
-            f"its settings: {fields}"
-        )
-    try:
-        config = config_cls(**settings, seed=cfg.seed, size=MAX_ITEM_INDEX)
-        if hasattr(config, "validate"):
-            config.validate()
-    except (AssertionError, ValueError, TypeError) as e:
-        raise ConfigError(
-            f"task.dataset_config.{name}={settings}: {e or type(e).__name__}"
-        ) from None
-    return dataset_cls(config=config)
+class UnsafeAnswer(ValueError):
+    """An answer kept from a scorer that would run it as code (scored 0, counted)."""
