@@ -90,6 +90,11 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     # plays it); a 4 x 4 futoshiki (a unique grid, like mini_sudoku)
     "sokoban_6": ("sokoban", dict(min_w=6, max_w=6, min_h=6, max_h=6, min_boxes=1, max_boxes=1)),
     "futoshiki_4": ("futoshiki", dict(min_board_size=4, max_board_size=4)),
+    # session 16: a 3-letter word ladder of 3-4 words (any ladder of dictionary words scores)
+    "word_ladder_3": (
+        "word_ladder",
+        dict(min_word_length=3, max_word_length=3, min_chain_length=3, max_chain_length=4),
+    ),
     # session 16: the numbers alone to sort; a 3-4 x 3-4 matrix read in spiral order
     "number_sorting_small": (
         "number_sorting",
@@ -131,6 +136,7 @@ RUN_SETTINGS: dict[str, list[str]] = {
         'task.question_after={mini_sudoku = "Solve this 4x4 Mini Sudoku puzzle:"}',
     ],
     "rotate_matrix_small": ["rollout.max_new_tokens=24"],
+    "word_ladder_3": ["rollout.max_new_tokens=24"],
     "sokoban_6": [
         "rollout.max_new_tokens=16",
         'task.question_after={sokoban = "Here is your puzzle:"}',

@@ -305,3 +305,30 @@ def test_the_screen_passes_answers_of_every_shape_and_flags_only_evaluating_scor
     flagged = {n for n, (cls, _) in DATASETS.items() if evaluates_code(cls)}
     assert {"n_queens", "countdown", "spiral_matrix", "simple_integration"} <= flagged
     assert not flagged & {"graph_color", "shortest_path", "spell_backward", "chain_sum"}
+
+
+def test_a_dataset_that_caps_its_size_draws_within_it():
+    """word_ladder refuses more than 20,000 items; the task takes the largest index space the
+    dataset accepts instead of failing, and its gold ladders score 1."""
+    settings = {"min_word_length": 3, "max_word_length": 3}
+    tasks = build_task_source(
+        config(
+            datasets={"word_ladder": 1.0},
+            dataset_config={
+                "word_ladder": settings | {"min_chain_length": 3, "max_chain_length": 4}
+            },
+            num_eval=16,
+            extract="whole",
+            system_prompt="",
+        )
+    )
+    assert tasks.datasets["word_ladder"].config.size == 20_000
+    train = [tasks.train_task(i) for i in range(8)]
+    assert all(tasks.reward(t.solution, t) == 1.0 for t in train)
+    with pytest.raises(ConfigError, match="max_chain_length cannot be -1"):  # not a size error
+        build_task_source(
+            config(
+                datasets={"word_ladder": 1.0},
+                dataset_config={"word_ladder": settings | {"min_chain_length": 3}},
+            )
+        )

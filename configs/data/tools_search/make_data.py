@@ -28,6 +28,14 @@ from reinforge.envs.search_env import BM25Backend, Document, search_tools
 
 HERE = Path(__file__).parent
 BINS = ("red", "blue", "green", "black", "white", "gray", "pink", "brown")
+QUESTIONS = (
+    "Bin of part {}?",
+    "Which bin is part {} in?",
+    "Part {}: which bin?",
+    "In which bin do we keep part {} now?",
+    "Where is part {} kept? Name the bin.",
+    "I need part {}. Which bin?",
+)
 
 
 def main(
@@ -35,6 +43,8 @@ def main(
     digits: int,
     marker: str,
     distinct: bool,
+    num_questions: int,
+    echo: bool,
     num_eval: int,
     search_fraction: float,
     seed: int,
@@ -51,7 +61,9 @@ def main(
     rows = []
     for i, part in enumerate(parts):
         split = "test" if i < num_eval else "train"
-        messages = [{"role": "user", "content": f"Bin of part {marker}{part}?"}]
+        messages = [
+            {"role": "user", "content": rng.choice(QUESTIONS[:num_questions]).format(marker + part)}
+        ]
         if split == "train":
             if rng.random() < search_fraction:
                 arguments = {"query": marker + part, "k": 1}
@@ -59,7 +71,7 @@ def main(
                 messages += [
                     {
                         "role": "assistant",
-                        "content": None,
+                        "content": marker + part if echo else None,
                         "tool_calls": [{"id": f"call_{i}", "type": "function", "function": call}],
                     },
                     {"role": "tool", "tool_call_id": f"call_{i}", "content": search(**arguments)},
@@ -79,9 +91,22 @@ if __name__ == "__main__":
     parser.add_argument("--digits", type=int, default=3)
     parser.add_argument("--marker", default="")
     parser.add_argument("--distinct", action="store_true")
+    parser.add_argument("--num-questions", type=int, default=1)
+    parser.add_argument("--echo", action="store_true")
     parser.add_argument("--num-eval", type=int, default=64)
     parser.add_argument("--search-fraction", type=float, default=0.5)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=HERE)
     a = parser.parse_args()
-    main(a.num_parts, a.digits, a.marker, a.distinct, a.num_eval, a.search_fraction, a.seed, a.out)
+    main(
+        a.num_parts,
+        a.digits,
+        a.marker,
+        a.distinct,
+        a.num_questions,
+        a.echo,
+        a.num_eval,
+        a.search_fraction,
+        a.seed,
+        a.out,
+    )

@@ -37,6 +37,8 @@ import threading
 from reinforge.errors import ConfigError
 
 MAX_ITEM_INDEX = 2**48  # reasoning-gym seeds an item's generator with (seed + index)
+# index spaces to try, largest first: a few datasets cap their size (word_ladder: 20,000)
+ITEM_SPACES = (MAX_ITEM_INDEX, 10**6, 20_000, 10_000, 1_000)
 
 # Wall-clock limit of one score_answer call (its item's clock starts when a worker takes it).
 # The slowest scorer measured (sokoban's replay, cryptarithm's checks) takes milliseconds.
@@ -152,12 +154,15 @@ def create_dataset(name: str, settings: dict, seed: int):
             f"task.dataset_config.{name}: {unknown} are not settings of {config_cls.__name__}; "
             f"its settings: {fields}"
         )
-    try:
-        config = config_cls(**settings, seed=seed, size=MAX_ITEM_INDEX)
-        if hasattr(config, "validate"):
-            config.validate()
-    except (AssertionError, ValueError, TypeError) as e:
-        raise ConfigError(
-            f"task.dataset_config.{name}={settings}: {e or type(e).__name__}"
-        ) from None
-    return dataset_cls(config=config)
+    error: Exception | None = None
+    for size in ITEM_SPACES:  # the largest index space the dataset's checks accept
+        try:
+            config = config_cls(**settings, seed=seed, size=size)
+            if hasattr(config, "validate"):
+                config.validate()
+            return dataset_cls(config=config)
+        except (AssertionError, ValueError, TypeError) as e:
+            error = e  # a complaint about the size: try a smaller one; any other is the answer
+            if "size" not in str(e).lower():
+                break
+    raise ConfigError(f"task.dataset_config.{name}={settings}: {error or type(error).__name__}")

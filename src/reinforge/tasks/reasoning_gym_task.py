@@ -19,7 +19,6 @@ import re
 from reinforge.errors import ConfigError
 from reinforge.tasks.procedural import ProceduralTasks
 from reinforge.tasks.reasoning_gym_scoring import (
-    MAX_ITEM_INDEX,
     code_hazard,
     create_dataset,
     evaluates_code,
@@ -102,7 +101,8 @@ class ReasoningGymTasks(ProceduralTasks):
         # per attempt) keeps the dataset and the weights hold
         pick = random.Random(f"{self.cfg.seed}/{task_id}/dataset")
         name = pick.choices(self.names, self.weights)[0]
-        entry = self.datasets[name][rng.randrange(MAX_ITEM_INDEX)]
+        dataset = self.datasets[name]
+        entry = dataset[rng.randrange(dataset.config.size)]
         answer = gold_answer(entry)
         messages = (Message("user", self._shown_question(name, entry["question"])),)
         if self.cfg.system_prompt:
