@@ -218,17 +218,16 @@ def test_trains_through_the_cli(tmp_path):
     assert {s["data_source"] for s in samples} <= {"chain_sum", "spell_backward"}
 
 
-def test_answers_that_look_like_code_never_reach_a_scorer_that_runs_them(tmp_path):
-    """n_queens' scorer `eval`s an answer that is not one of its boards, countdown's runs it
-    through sympy's parse_expr: an attack is refused unscored and counted (a reward error),
-    whatever the extraction; boards and arithmetic are scored as before."""
-    from reinforge.tasks.reasoning_gym_task import UnsafeAnswer
+QUEENS = {"n": 8, "min_remove": 2, "max_remove": 4}
 
-    marker = tmp_path / "pwned"
+
+def queens_and_countdown():
+    """Two datasets whose scorers run answers as code: the tasks, an n_queens and a countdown
+    task (answers scored as they come: `extract = "whole"`, no system prompt)."""
     tasks = build_task_source(
         config(
             datasets={"n_queens": 1.0, "countdown": 1.0},
-            dataset_config={"n_queens": {"n": 8, "min_remove": 2, "max_remove": 4}},
+            dataset_config={"n_queens": QUEENS},
             num_eval=8,
             extract="whole",
             system_prompt="",
@@ -237,6 +236,17 @@ def test_answers_that_look_like_code_never_reach_a_scorer_that_runs_them(tmp_pat
     train = [tasks.train_task(i) for i in range(40)]
     queens = next(t for t in train if t.info["data_source"] == "n_queens")
     countdown = next(t for t in train if t.info["data_source"] == "countdown")
+    return tasks, queens, countdown
+
+
+def test_answers_that_look_like_code_never_reach_a_scorer_that_runs_them(tmp_path):
+    """n_queens' scorer `eval`s an answer that is not one of its boards, countdown's runs it
+    through sympy's parse_expr: an attack is refused unscored and counted (a reward error),
+    whatever the extraction; boards and arithmetic are scored as before."""
+    from reinforge.tasks.reasoning_gym_task import UnsafeAnswer
+
+    marker = tmp_path / "pwned"
+    tasks, queens, countdown = queens_and_countdown()
     assert tasks.reward(queens.solution, queens) == 1.0
     assert tasks.reward(countdown.solution, countdown) == 1.0
     attacks = [
@@ -266,20 +276,8 @@ def test_a_scorer_that_hangs_or_exits_costs_its_worker_not_the_run():
     import reinforge.tasks.reasoning_gym_scoring as scoring
     from reinforge.rewards.math import MathVerifier
 
-    queens_settings = {"n": 8, "min_remove": 2, "max_remove": 4}
-    tasks = build_task_source(
-        config(
-            datasets={"n_queens": 1.0, "countdown": 1.0},
-            dataset_config={"n_queens": queens_settings},
-            num_eval=8,
-            extract="whole",
-            system_prompt="",
-        )
-    )
-    train = [tasks.train_task(i) for i in range(40)]
-    queens = next(t for t in train if t.info["data_source"] == "n_queens")
-    countdown = next(t for t in train if t.info["data_source"] == "countdown")
-    q = ("n_queens", json.dumps(queens_settings, sort_keys=True), 0, queens.info["entry"])
+    _, queens, countdown = queens_and_countdown()
+    q = ("n_queens", json.dumps(QUEENS, sort_keys=True), 0, queens.info["entry"])
     c = ("countdown", "{}", 0, countdown.info["entry"])
     with MathVerifier(num_workers=1, timeout_s=3.0, checker=scoring.__name__, label="rg") as pool:
         results = pool.check_batch(

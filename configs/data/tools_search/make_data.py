@@ -43,6 +43,7 @@ def main(
     digits: int,
     marker: str,
     distinct: bool,
+    letters: int,
     num_questions: int,
     echo: bool,
     num_eval: int,
@@ -55,8 +56,11 @@ def main(
     if distinct:
         numbers = [n for n in numbers if len(set(n)) == len(n)]
     parts = rng.sample(numbers, num_parts)
+    if letters:
+        alphabet = "abcdefghijklmnopqrstuvwxyz"
+        parts = ["".join(rng.choices(alphabet, k=letters)) + " " + p for p in parts]
     bins = {p: rng.choice(BINS) for p in parts}
-    docs = [Document(f"p{p}", f"part {p}", f"bin {bins[p]}") for p in parts]
+    docs = [Document(f"p{i}", f"part {p}", f"bin {bins[p]}") for i, p in enumerate(parts)]
     search = search_tools(BM25Backend(docs))[0]
     rows = []
     for i, part in enumerate(parts):
@@ -91,6 +95,7 @@ if __name__ == "__main__":
     parser.add_argument("--digits", type=int, default=3)
     parser.add_argument("--marker", default="")
     parser.add_argument("--distinct", action="store_true")
+    parser.add_argument("--letters", type=int, default=0)
     parser.add_argument("--num-questions", type=int, default=1)
     parser.add_argument("--echo", action="store_true")
     parser.add_argument("--num-eval", type=int, default=64)
@@ -103,6 +108,7 @@ if __name__ == "__main__":
         a.digits,
         a.marker,
         a.distinct,
+        a.letters,
         a.num_questions,
         a.echo,
         a.num_eval,
