@@ -1,18 +1,23 @@
-"""Writes docs.jsonl and qa.jsonl beside this file: a lookup table of 800 parts and the bins they
+"""Writes docs.jsonl and qa.jsonl beside this file: a lookup table of 4,064 parts and the bins they
 are kept in (one of eight colours, drawn at random: no model can know them), one document per
-part (title "part 117", text "bin green"), and questions "Bin of part 117?" whose training rows
-carry a recorded conversation (OpenAI format) for the SFT stage.
+part (title "part kqzv 2731", text "bin green"), and questions "Bin of part kqzv 2731?" whose
+training rows carry a recorded conversation (OpenAI format) for the SFT stage.
 
-A share of the training conversations (`--search-fraction`) call `search` with the part number
-and answer with the bin the result names; the rest answer at once, from memory. Held-out rows
-(extra_info.split = "test") ask about parts no training row mentions: only a search answers
-them (a guess is right one time in eight).
+Every training conversation (`--search-fraction`, 1.0 by default) calls
+search(query="kqzv 2731", k=1) and answers with the bin the result names; the rest, if any,
+answer at once, from memory. Held-out rows (extra_info.split = "test") ask about parts no
+training row mentions: only a search answers them (a guess is right one time in eight).
 
-The format is chosen for the tiny model's byte-level tokenizer: the part number is the only run
-of digits in the question, and the search result is short ("1. [p117] part 117: bin green"),
-its answer a word of its own. With bins of digits or of capital letters the SFT model did not
-learn to read the bin out of the result within CPU minutes; with colours it does
-(bench/results/2026-11-26-cpu-tools-examples-s13.md).
+The form is chosen for what the tiny model (byte-level tokenizer, 4 layers) can learn within CPU
+minutes (bench/results/2026-11-26-cpu-tools-examples-s16.md):
+- the hard part is copying the part code from the question into the query, about 70 tokens
+  further on (past the Hermes call's fixed `<tool_call>\n{"name": "search", "arguments":
+  {"query": "`); reading the bin out of the result, a few tokens back, is easy with colours;
+- every training row is a different part (4,000 of them), so no part can be memorised, and every
+  one searches, so every row has a query to copy;
+- a code of two halves, 4 random letters and 4 digits, each a search term of its own: the
+  search finds the part when either half is copied right, and the letters give the copy more
+  to learn from per row than digits alone.
 
     python configs/data/tools_search/make_data.py
 """
@@ -22,60 +27,39 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import string
 from pathlib import Path
 
 from reinforge.envs.search_env import BM25Backend, Document, search_tools
 
 HERE = Path(__file__).parent
 BINS = ("red", "blue", "green", "black", "white", "gray", "pink", "brown")
-QUESTIONS = (
-    "Bin of part {}?",
-    "Which bin is part {} in?",
-    "Part {}: which bin?",
-    "In which bin do we keep part {} now?",
-    "Where is part {} kept? Name the bin.",
-    "I need part {}. Which bin?",
-)
 
 
-def main(
-    num_parts: int,
-    digits: int,
-    marker: str,
-    distinct: bool,
-    letters: int,
-    num_questions: int,
-    echo: bool,
-    num_eval: int,
-    search_fraction: float,
-    seed: int,
-    out: Path,
-) -> None:
+def part_codes(rng: random.Random, num_parts: int) -> list[str]:
+    """`num_parts` codes "kqzv 2731": distinct numbers, each with 4 random letters."""
+    numbers = rng.sample(range(1000, 10000), num_parts)
+    return ["".join(rng.choices(string.ascii_lowercase, k=4)) + f" {n}" for n in numbers]
+
+
+def main(num_parts: int, num_eval: int, search_fraction: float, seed: int, out: Path) -> None:
     rng = random.Random(seed)
-    numbers = [str(n) for n in range(10 ** (digits - 1), 10**digits)]
-    if distinct:
-        numbers = [n for n in numbers if len(set(n)) == len(n)]
-    parts = rng.sample(numbers, num_parts)
-    if letters:
-        alphabet = "abcdefghijklmnopqrstuvwxyz"
-        parts = ["".join(rng.choices(alphabet, k=letters)) + " " + p for p in parts]
+    parts = part_codes(rng, num_parts)
     bins = {p: rng.choice(BINS) for p in parts}
     docs = [Document(f"p{i}", f"part {p}", f"bin {bins[p]}") for i, p in enumerate(parts)]
     search = search_tools(BM25Backend(docs))[0]
     rows = []
     for i, part in enumerate(parts):
         split = "test" if i < num_eval else "train"
-        messages = [
-            {"role": "user", "content": rng.choice(QUESTIONS[:num_questions]).format(marker + part)}
-        ]
+        messages = [{"role": "user", "content": f"Bin of part {part}?"}]
         if split == "train":
             if rng.random() < search_fraction:
-                arguments = {"query": marker + part, "k": 1}
+                arguments = {"query": part, "k": 1}
                 call = {"name": "search", "arguments": json.dumps(arguments)}
                 messages += [
                     {
                         "role": "assistant",
-                        "content": marker + part if echo else None,
+                        "content": None,
                         "tool_calls": [{"id": f"call_{i}", "type": "function", "function": call}],
                     },
                     {"role": "tool", "tool_call_id": f"call_{i}", "content": search(**arguments)},
@@ -91,28 +75,10 @@ def main(
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--num-parts", type=int, default=800)
-    parser.add_argument("--digits", type=int, default=3)
-    parser.add_argument("--marker", default="")
-    parser.add_argument("--distinct", action="store_true")
-    parser.add_argument("--letters", type=int, default=0)
-    parser.add_argument("--num-questions", type=int, default=1)
-    parser.add_argument("--echo", action="store_true")
+    parser.add_argument("--num-parts", type=int, default=4064)
     parser.add_argument("--num-eval", type=int, default=64)
-    parser.add_argument("--search-fraction", type=float, default=0.5)
+    parser.add_argument("--search-fraction", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--out", type=Path, default=HERE, help="folder to write (default: here)")
     a = parser.parse_args()
-    main(
-        a.num_parts,
-        a.digits,
-        a.marker,
-        a.distinct,
-        a.letters,
-        a.num_questions,
-        a.echo,
-        a.num_eval,
-        a.search_fraction,
-        a.seed,
-        a.out,
-    )
+    main(a.num_parts, a.num_eval, a.search_fraction, a.seed, a.out)
