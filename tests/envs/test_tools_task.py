@@ -235,5 +235,5 @@ def test_the_shipped_example_config_passes_the_preflight():
     budgets check out (`--dry-run`: nothing trains)."""
     out = cli("train", "configs/tools_search.toml", "--dry-run")
     assert out.returncode == ExitCode.OK, out.stdout[-2000:] + out.stderr[-2000:]
-    assert "800 documents, 0 bad rows" in out.stdout
-    assert "736 training tasks, 64 held-out" in out.stdout
+    assert "4064 documents, 0 bad rows" in out.stdout
+    assert "4000 training tasks, 64 held-out" in out.stdout
