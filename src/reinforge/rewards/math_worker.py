@@ -3,7 +3,7 @@ says stop, under an address-space cap.
 
 The checker is a module with `check(*item)` (a bool or a score) and `warm_up()` (imports what
 check needs, so no item's clock pays for it; ImportError when a package is missing): this one for
-math-verify, `reinforge.tasks.reasoning_gym_worker` for reasoning-gym's scorers. The worker
+math-verify, `reinforge.tasks.reasoning_gym_scoring` for reasoning-gym's scorers. The worker
 answers each item with ("ok", value), ("error", message) when the check raised, or ("memory",
 message) when the item hit the memory cap, after which the process exits for the parent to
 replace it. Its first message is ("ready", has_memory_limit) or ("failed", why).

@@ -84,6 +84,10 @@ class ReasoningGymTasks(ProceduralTasks):
         self.names = list(cfg.datasets)
         self.weights = [cfg.datasets[n] for n in self.names]
         self.pattern = re.compile(cfg.answer_regex) if cfg.answer_regex else None
+        # what a scoring worker rebuilds each dataset from (built once there, keyed by this)
+        self.settings_json = {
+            n: json.dumps(cfg.dataset_config.get(n, {}), sort_keys=True) for n in self.names
+        }
         try:  # the held-out items and a few training draws: a setting the generator chokes on
             super().__init__(cfg)  # fails here, before any model loads
             for index in range(NUM_EARLY_DRAWS):
@@ -166,8 +170,7 @@ class ReasoningGymTasks(ProceduralTasks):
                     f"reasoning-gym {name}: an answer with {hazard} was not scored (its scorer "
                     f"runs answers as code): {answer[:80]!r}"
                 )
-        settings = json.dumps(self.cfg.dataset_config.get(name, {}), sort_keys=True)
-        item = (name, settings, self.cfg.seed, task.info["entry"], answer)
+        item = (name, self.settings_json[name], self.cfg.seed, task.info["entry"], answer)
         [(score, failure)] = scorer_pool().check_batch([item])
         if failure is not None:
             raise RuntimeError(f"reasoning-gym {name} score_answer: {failure}")
