@@ -163,6 +163,9 @@ def summarise(
         "rollout_tok_per_s_total": round(generated / med("generate_s")),
         "train_tok_per_s_total": round(trained / med("train_s")),
         "peak_gib": round(max(r.get("gpu_peak_gib", 0.0) for r in rows), 2),
+        # which phase sets the peak (rows of reinforge before session 17 lack them: 0)
+        "peak_generate_gib": round(max(r.get("gpu_peak_generate_gib", 0.0) for r in rows), 2),
+        "peak_train_gib": round(max(r.get("gpu_peak_train_gib", 0.0) for r in rows), 2),
         "wall_s": round(wall, 1),
     }
     summary.update(per_gpu(summary, layout, flops_per_token * computed))

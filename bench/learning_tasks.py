@@ -104,6 +104,15 @@ VARIANTS: dict[str, tuple[str, dict]] = {
     ),
     "spiral_matrix_small": ("spiral_matrix", dict(min_n=3, max_n=4)),
     "rotate_matrix_small": ("rotate_matrix", dict(min_n=2, max_n=3, max_rotations=3)),
+    # session 17: more reading tasks with a checked answer: the steps through a 5-6 cell maze (a
+    # number), the largest island of a 4-5 x 4-5 grid (a number), any expression making 24 of four
+    # numbers (the scorer evaluates it: answers pass the code screen of tasks.reasoning_gym_scoring)
+    "maze_small": ("maze", dict(min_grid_size=5, max_grid_size=6, min_dist=2, max_dist=6)),
+    "largest_island_small": (
+        "largest_island",
+        dict(min_rows=4, max_rows=5, min_cols=4, max_cols=5, max_num_islands=3, max_island_size=6),
+    ),
+    "puzzle24": ("puzzle24", dict()),
     "word_sorting_small": (
         "word_sorting",
         dict(min_words=3, max_words=4, min_word_length=3, max_word_length=6),
@@ -154,6 +163,9 @@ RUN_SETTINGS: dict[str, list[str]] = {
         'task.question_after={spiral_matrix = "what is the list of elements in spiral order?"}',
     ],
     "word_sorting_small": ["rollout.max_new_tokens=40"],
+    "maze_small": ["rollout.max_new_tokens=8"],
+    "largest_island_small": ["rollout.max_new_tokens=8"],
+    "puzzle24": ["rollout.max_new_tokens=32"],
 }
 
 

@@ -47,6 +47,20 @@ def test_context_overflow_refused_before_loading(tmp_path):
     assert not (tmp_path / "quickstart").exists()  # refused before any run directory or model load
 
 
+def test_prompts_longer_than_the_context_are_refused_without_a_negative_budget(tmp_path):
+    out = cli(
+        "train",
+        "configs/reasoning_gym_shortest_path.toml",
+        f"run.output_dir={tmp_path}",
+        "task.system_prompt=" + "Think about it. " * 40,
+    )
+    assert out.returncode == ExitCode.CONFIG_ERROR
+    assert "leaves no room to answer in the model context (512" in out.stderr
+    assert "task.system_prompt" in out.stderr and "builtin:small" in out.stderr
+    assert "<= -" not in out.stderr  # no max_new_tokens can make it fit
+    assert not any(tmp_path.iterdir())
+
+
 def test_misplaced_key_exits_with_config_error(tmp_path):
     cfg = tmp_path / "c.toml"
     cfg.write_text("[rollout]\nlr = 1e-5\n")

@@ -37,10 +37,18 @@ def run_preflight(cfg) -> Preflight:
     budgets = [("rollout.max_new_tokens", gen_budget)] if gen_budget else []
     eval_tokens = cfg.eval.max_new_tokens or gen_budget or 32
     budgets.append(("eval.max_new_tokens", eval_tokens))
+    if longest >= context:  # no max_new_tokens can help: the prompts themselves are too long
+        pf.errors.append(
+            f"the longest prompt ({longest} tokens) leaves no room to answer in the model "
+            f"context ({context}; {context_from}): shorten the task's prompts below {context} "
+            f"tokens with room for the answer (a shorter task.system_prompt, task.question_after "
+            f"for reasoning-gym questions, smaller task settings), or use a model with a longer "
+            f"context (builtin:small takes 1024 tokens)"
+        )
     for name, new_tokens in budgets:
         total = longest + new_tokens
         pf.rows.append((f"prompt + {name}", f"{longest} + {new_tokens} = {total} of {context}"))
-        if total > context:
+        if total > context and longest < context:
             pf.errors.append(
                 f"longest prompt ({longest} tokens) + {name} ({new_tokens}) = {total} exceeds the model context "
                 f"({context}); set {name} <= {context - longest}"

@@ -67,4 +67,7 @@ def test_shape_model_trains_on_cuda(tmp_path, lora):
         assert r["response_len"] == 48
         assert abs(r["kl_sampler"]) < 0.05, "sampler and trainer disagree on bf16 logprobs"
         assert r["gpu_peak_gib"] > 0.5
+        # each phase's peak, the step's the larger (the update starts without the KV pool)
+        assert r["gpu_peak_gib"] == max(r["gpu_peak_generate_gib"], r["gpu_peak_train_gib"])
+        assert r["gpu_peak_train_gib"] > 0.5 and r["gpu_peak_generate_gib"] > 0.5
     print(f"0.5b shape lora={lora}: " + ", ".join(f"{r['step_s']:.2f}s" for r in steps))

@@ -120,6 +120,8 @@ def rl_step(
         # the KV pool and decode graphs are not needed until the next rollout: the update gets
         # their memory (a fresh pool costs a zero fill and a graph capture per batch size used)
         learner.policy.engine.release_memory()
+    # read after the release, so the update's peak starts from what it keeps
+    generate_peak = device_memory_metrics(learner.policy.device, "generate")
     gen_s = time.perf_counter() - start
     train_start = time.perf_counter()
     with faults.site("training") as poison:
@@ -144,7 +146,7 @@ def rl_step(
         "tokens_per_s": num_generated / max(gen_s, 1e-9),
         "lr": learner.scheduler.get_last_lr()[0],
         "data_position": float(state.data_position),
-        **device_memory_metrics(learner.policy.device),
+        **peak_memory(generate_peak, device_memory_metrics(learner.policy.device, "train")),
         **faults.step_metrics(),
     }
     return reduce_metrics(metrics, SUMMED_OVER_RANKS | set(EPISODE_SUMS.values()), MAXED_OVER_RANKS)
@@ -153,7 +155,14 @@ def rl_step(
 # How a step's per-rank metrics combine in a distributed run (the rest: mean over ranks; the
 # loss terms arrive already reduced, `update.update_policy`).
 SUMMED_OVER_RANKS = {"tokens_per_s", "reward_errors", "reward_nonfinite", "faults_injected"}
-MAXED_OVER_RANKS = {"generate_s", "train_s", "step_s", "gpu_peak_gib"}
+MAXED_OVER_RANKS = {
+    "generate_s",
+    "train_s",
+    "step_s",
+    "gpu_peak_gib",
+    "gpu_peak_generate_gib",
+    "gpu_peak_train_gib",
+}
 
 
 def rollout_metrics(groups: list[Group]) -> dict[str, float]:
@@ -271,10 +280,19 @@ def log_eval(
     return result.accuracy
 
 
-def device_memory_metrics(device: torch.device) -> dict[str, float]:
-    """Peak accelerator memory since the last call (GiB), then reset: one figure per step."""
+def device_memory_metrics(device: torch.device, phase: str) -> dict[str, float]:
+    """Peak accelerator memory since the last call (GiB) as `gpu_peak_<phase>_gib`, then reset:
+    one figure per phase of a step (the generation phase counts from the previous update's end,
+    the update from the rollout's)."""
     if device.type != "cuda":
         return {}
     peak = torch.cuda.max_memory_allocated(device) / 2**30
     torch.cuda.reset_peak_memory_stats(device)
-    return {"gpu_peak_gib": peak}
+    return {f"gpu_peak_{phase}_gib": peak}
+
+
+def peak_memory(*phases: dict[str, float]) -> dict[str, float]:
+    """The phases' peaks and the step's (`gpu_peak_gib`, their largest): which phase sets a
+    step's peak is what the memory planner's table says to compare with."""
+    merged = {k: v for phase in phases for k, v in phase.items()}
+    return merged | ({"gpu_peak_gib": max(merged.values())} if merged else {})

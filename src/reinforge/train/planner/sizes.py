@@ -19,8 +19,13 @@ head_dim, kv = kv_heads * head_dim, V vocab, Ly layers, r LoRA rank, c logits ch
                           (two RMSNorms keep a float32 copy of their input (4h each) and their
                           output (dh each); attention keeps q, k, v, its output and the output's
                           contiguous copy; SwiGLU keeps gate, up, silu(gate) and their product).
-                          LoRA on all linear layers adds its float32 inputs and the rank-r
-                          intermediates: 4(5h + q + I) + 28r.
+                          LoRA on all linear layers adds the seven rank-r intermediates, 7dr:
+                          its adapters compute in the base's dtype on the layer's own input
+                          (`train.policy.lora.adapters_in_base_dtype`), so no float32 copy of an
+                          input is saved (the formula before session 17 counted one,
+                          4(5h + q + I) + 28r per token and layer: on G2's 7B it made the plan's
+                          activations 1.6x those without LoRA, while the measured peak was 0.83x
+                          of the plain estimate, and put checkpointing on for an 80 GB GPU).
                           Per token: (Ly + 1) * a without checkpointing (the + 1: the backward
                           of one layer holds gradients about the size of its activations);
                           Ly * d * h (each layer's input) + 2a (the layer being recomputed and
@@ -328,8 +333,8 @@ def activation_bytes_per_token(x: PlanInputs, checkpointing: bool) -> int:
     layer = 8 * h + 4 * d * h + d * (3 * q + 2 * kv) + 4 * d * inter
     if m.num_experts:  # k rows per token: gathered inputs, gate/up, down, weighted, unsorted
         layer += d * m.num_experts_per_tok * (4 * h + 3 * m.moe_intermediate_size)
-    if x.lora_rank is not None:
-        layer += 4 * (5 * h + q + inter) + 28 * x.lora_rank
+    if x.lora_rank is not None:  # A's output per adapted projection, in the compute dtype
+        layer += 7 * d * x.lora_rank
     ends = 4 * d * h
     # The backward of one layer holds gradients about the size of that layer's activations.
     if checkpointing:
