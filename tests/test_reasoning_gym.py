@@ -330,3 +330,43 @@ def test_a_dataset_that_caps_its_size_draws_within_it():
                 dataset_config={"word_ladder": settings | {"min_chain_length": 3}},
             )
         )
+
+
+class _Indices:
+    """An rng whose draws are the given indices, in order."""
+
+    def __init__(self, *indices: int):
+        self.indices = list(indices)
+
+    def randrange(self, _stop: int) -> int:
+        return self.indices.pop(0)
+
+
+MAZE = {"maze": {"min_grid_size": 5, "max_grid_size": 6, "min_dist": 2, "max_dist": 6}}
+
+
+def test_an_item_the_generator_fails_on_is_a_counted_skip(capsys):
+    # maze item 403 (seed 0, these settings) raises "Could not find suitable path cell after
+    # 1000 attempts" inside reasoning-gym: it ended a learning-suite run in session 17
+    tasks = ReasoningGymTasks(config(datasets={"maze": 1.0}, dataset_config=MAZE, seed=0))
+    with pytest.raises(RuntimeError, match="suitable path cell"):
+        tasks.datasets["maze"][403]
+    entry = tasks._entry("maze", _Indices(403, 1439, 404))
+    assert entry == tasks.datasets["maze"][404]
+    assert tasks.skipped_items["maze"] == 2
+    err = capsys.readouterr().err
+    assert err.count("could not generate item") == 1 and "item 403" in err  # the first only
+    [note] = tasks.notes()
+    assert "maze: 2 item(s)" in note
+
+
+def test_a_generator_that_always_fails_is_a_config_error(monkeypatch):
+    tasks = ReasoningGymTasks(config(datasets={"maze": 1.0}, dataset_config=MAZE, seed=0))
+    dataset = tasks.datasets["maze"]
+
+    def broken(_index):
+        raise RuntimeError("no grid")
+
+    monkeypatch.setattr(type(dataset), "__getitem__", lambda self, i: broken(i))
+    with pytest.raises(ConfigError, match=r"maze failed on 20 indices in a row .*no grid"):
+        tasks.train_task(10_000)

@@ -7,7 +7,8 @@ question is a held-out one is drawn again (`ProceduralTasks`). An item is scored
 own `score_answer` on the answer `task.extract` takes from the completion, in a worker process
 under a timeout, with answers that look like code kept from scorers that run them
 (`reasoning_gym_scoring`); a `score_answer` that raises, hangs or kills its worker, and a refused
-answer, score 0 and are counted (`reward_errors`), as for any reward.
+answer, score 0 and are counted (`reward_errors`), as for any reward. An index the generator
+itself fails on is skipped, counted, and replaced by another (`_entry`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import json
 import random
 import re
+import sys
+from collections import Counter
 
 from reinforge.errors import ConfigError
 from reinforge.tasks.procedural import ProceduralTasks
@@ -28,6 +31,7 @@ from reinforge.types import Message, Task
 
 NUM_EARLY_DRAWS = 16  # training draws made at build time: a held-out split that covers a
 # dataset's whole problem space fails then, not mid-run
+MAX_ITEM_TRIES = 20  # indices drawn for one task before a generator's failures are a ConfigError
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # where a dataset whose items have no single answer (answer None: graph_color, rubiks_cube, ...)
 # keeps one valid answer to learn from
@@ -82,6 +86,7 @@ class ReasoningGymTasks(ProceduralTasks):
             for name in cfg.datasets
         }
         self.names = list(cfg.datasets)
+        self.skipped_items: Counter[str] = Counter()
         self.weights = [cfg.datasets[n] for n in self.names]
         self.pattern = re.compile(cfg.answer_regex) if cfg.answer_regex else None
         # what a scoring worker rebuilds each dataset from (built once there, keyed by this)
@@ -105,8 +110,7 @@ class ReasoningGymTasks(ProceduralTasks):
         # per attempt) keeps the dataset and the weights hold
         pick = random.Random(f"{self.cfg.seed}/{task_id}/dataset")
         name = pick.choices(self.names, self.weights)[0]
-        dataset = self.datasets[name]
-        entry = dataset[rng.randrange(dataset.config.size)]
+        entry = self._entry(name, rng)
         answer = gold_answer(entry)
         messages = (Message("user", self._shown_question(name, entry["question"])),)
         if self.cfg.system_prompt:
@@ -118,6 +122,43 @@ class ReasoningGymTasks(ProceduralTasks):
             solution=None if answer is None else format_answer(answer, self.cfg.extract),
             info={"key": f"{name}/{entry['question']}", "data_source": name, "entry": entry},
         )
+
+    def _entry(self, name: str, rng: random.Random) -> dict:
+        """A random item of dataset `name`. An index the library's generator fails on (maze's
+        "Could not find suitable path cell after 1000 attempts" on some 5 x 5 grids) is a
+        counted skip, not the run's end: another index is drawn (the first skip of a dataset is
+        printed; `skipped_items` counts them for the run's summary). A dataset that fails on
+        MAX_ITEM_TRIES indices in a row is a `ConfigError` naming its settings."""
+        dataset = self.datasets[name]
+        for _ in range(MAX_ITEM_TRIES):
+            index = rng.randrange(dataset.config.size)
+            try:
+                return dataset[index]
+            except (ConfigError, KeyboardInterrupt, MemoryError):
+                raise
+            except Exception as e:
+                error = f"{type(e).__name__}: {str(e)[:200]}"
+                if not self.skipped_items[name]:
+                    print(
+                        f"warning: reasoning-gym {name} could not generate item {index} "
+                        f"({error}); drawing another (skips are counted in the run's summary)",
+                        file=sys.stderr,
+                    )
+                self.skipped_items[name] += 1
+        raise ConfigError(
+            f"reasoning-gym {name} failed on {MAX_ITEM_TRIES} indices in a row with "
+            f"task.dataset_config.{name}={self.cfg.dataset_config.get(name, {})} (last: {error}); "
+            f"widen the dataset's settings or drop it from task.datasets"
+        )
+
+    def notes(self) -> list[str]:
+        """For the run's summary: the items the generators failed on (none: [])."""
+        return [
+            f"reasoning-gym {name}: {count} item(s) the library could not generate were "
+            f"skipped (another index drawn each time)"
+            for name, count in self.skipped_items.items()
+            if count
+        ]
 
     def _shown_question(self, name: str, question: str) -> str:
         """The question as the model sees it: after task.question_after's marker, if set."""

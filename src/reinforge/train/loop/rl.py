@@ -101,8 +101,15 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
         rollouts.close()
         logger.close()
     summary.notes += tool_use_notes(ctx.run_dir)
+    summary.notes += task_notes(tasks)
     summary.notes += learning_notes(ctx.run_dir) if is_main() else []
     return summary
+
+
+def task_notes(tasks) -> list[str]:
+    """What the task source skipped or worked around (`notes()`, where it has one)."""
+    notes = getattr(getattr(tasks, "source", tasks), "notes", None)
+    return notes() if callable(notes) else []
 
 
 def rl_step(
