@@ -368,5 +368,42 @@ def test_a_generator_that_always_fails_is_a_config_error(monkeypatch):
         raise RuntimeError("no grid")
 
     monkeypatch.setattr(type(dataset), "__getitem__", lambda self, i: broken(i))
-    with pytest.raises(ConfigError, match=r"maze failed on 20 indices in a row .*no grid"):
+    with pytest.raises(ConfigError, match=r"an item of maze on 20 indices in a row .*no grid"):
         tasks.train_task(10_000)
+
+
+def _questions(tasks) -> list[str]:
+    return [t.messages[-1].content for t in tasks]
+
+
+def test_slow_generators_build_items_ahead_in_workers_and_the_tasks_are_the_same(monkeypatch):
+    import reinforge.tasks.reasoning_gym_task as rg_task
+
+    monkeypatch.setattr(rg_task, "SLOW_ITEM_S", float("inf"))
+    plain = ReasoningGymTasks(config(num_eval=20))
+    assert plain._ahead is None
+    monkeypatch.setattr(rg_task, "SLOW_ITEM_S", 0.0)  # every dataset counts as slow
+    ahead = ReasoningGymTasks(config(num_eval=20))
+    assert ahead._slow == {"chain_sum", "spell_backward"}
+    ahead.prefetch(range(100, 140))
+    train = [ahead.train_task(i) for i in range(100, 140)]
+    # built in worker processes: the held-out split, the early draws and these
+    assert ahead._ahead.taken >= 20 + 40 - 2  # (a held-out collision redraws in-process)
+    assert _questions(ahead.eval_tasks()) == _questions(plain.eval_tasks())
+    assert _questions(train) == _questions(plain.train_task(i) for i in range(100, 140))
+    assert [t.answer for t in train] == [plain.train_task(i).answer for i in range(100, 140)]
+
+
+def test_an_item_a_worker_fails_to_generate_is_a_counted_skip(monkeypatch):
+    import reinforge.tasks.reasoning_gym_task as rg_task
+
+    monkeypatch.setattr(rg_task, "SLOW_ITEM_S", 0.0)
+    tasks = ReasoningGymTasks(
+        config(datasets={"maze": 1.0}, dataset_config=MAZE, num_eval=4, seed=0)
+    )
+    tasks._ahead.submit([("maze", 403), ("maze", 1439), ("maze", 404)])
+    taken = tasks._ahead.taken
+    entry = tasks._entry("maze", _Indices(403, 1439, 404))
+    assert tasks._ahead.taken == taken + 3  # all three came from the workers
+    assert entry == tasks.datasets["maze"][404]
+    assert tasks.skipped_items["maze"] == 2

@@ -126,6 +126,13 @@ class EnvTasks:
     def eval_tasks(self) -> list[Task]:
         return self.source.eval_tasks()
 
+    def prefetch(self, indices) -> None:
+        """Let the source start building these training tasks (a source with slow items has
+        `prefetch`, e.g. reasoning-gym's; the others build on demand)."""
+        method = getattr(self.source, "prefetch", None)
+        if method is not None:
+            method(indices)
+
     def reward(self, completion: str, task: Task) -> float:
         """A single completion's score (the first turn alone), for single-turn uses."""
         return self.source.reward(completion, task)

@@ -80,6 +80,8 @@ def sample_groups(
         missing = want - len(kept)
         num = want if not kept else min(want, math.ceil(missing * len(sampled) / len(kept)))
         mine = share(num)  # this rank's prompts of the round (all of them in one process)
+        # this round's tasks and the next's: slow generators build them meanwhile, in workers
+        tasks.prefetch([state.data_position + offset + i for offset in (0, num) for i in mine])
         batch_tasks = [tasks.train_task(state.data_position + i) for i in mine]
         state.data_position += num
         seed = rollout_seed(cfg, step, round_index)

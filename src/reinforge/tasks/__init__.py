@@ -27,6 +27,15 @@ class TaskSource(Protocol):
         ...
 
 
+def prefetch(source, indices) -> None:
+    """Ask `source` to start building training tasks `indices` ahead of `train_task`, where it
+    can (an optional `prefetch(indices)` method: reasoning-gym's slow generators); a no-op
+    elsewhere. The tasks are the same either way."""
+    method = getattr(source, "prefetch", None)
+    if method is not None:
+        method(indices)
+
+
 def task_source_for(cfg, tokenizer=None) -> TaskSource:
     """The task source of a command's config `cfg` (a root): RL and evaluation score answers
     (the root's `needs_task_answers`), an SFT stage (`sft.steps > 0`) trains on solutions."""

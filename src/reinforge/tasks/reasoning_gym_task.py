@@ -13,14 +13,17 @@ itself fails on is skipped, counted, and replaced by another (`_entry`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
 import sys
+import time
 from collections import Counter
 
 from reinforge.errors import ConfigError
 from reinforge.tasks.procedural import ProceduralTasks
+from reinforge.tasks.reasoning_gym_items import SLOW_ITEM_S, ItemsAhead
 from reinforge.tasks.reasoning_gym_scoring import (
     code_hazard,
     create_dataset,
@@ -81,6 +84,7 @@ class ReasoningGymTasks(ProceduralTasks):
     name = "reasoning_gym"
 
     def __init__(self, cfg):
+        self.cfg = cfg
         self.datasets = {
             name: create_dataset(name, dict(cfg.dataset_config.get(name, {})), cfg.seed)
             for name in cfg.datasets
@@ -93,6 +97,14 @@ class ReasoningGymTasks(ProceduralTasks):
         self.settings_json = {
             n: json.dumps(cfg.dataset_config.get(n, {}), sort_keys=True) for n in self.names
         }
+        self._ahead: ItemsAhead | None = None
+        self._slow = self._slow_datasets()
+        if self._slow:  # the held-out items and the early draws, built in workers meanwhile
+            self._ahead = ItemsAhead(self.settings_json, cfg.seed)
+            self._ahead.submit(
+                self._first_draw(f"{cfg.seed}/eval/{i}", f"eval-{i}") for i in range(cfg.num_eval)
+            )
+            self.prefetch(range(NUM_EARLY_DRAWS))
         try:  # the held-out items and a few training draws: a setting the generator chokes on
             super().__init__(cfg)  # fails here, before any model loads
             for index in range(NUM_EARLY_DRAWS):
@@ -123,6 +135,32 @@ class ReasoningGymTasks(ProceduralTasks):
             info={"key": f"{name}/{entry['question']}", "data_source": name, "entry": entry},
         )
 
+    def _slow_datasets(self) -> set[str]:
+        """The datasets whose generator takes over `SLOW_ITEM_S` for an item (two timed)."""
+        slow = set()
+        for name, dataset in self.datasets.items():
+            start = time.perf_counter()
+            for index in (0, 1):  # a failing item is _entry's to count, when a task draws it
+                with contextlib.suppress(Exception):
+                    dataset[index]
+            if (time.perf_counter() - start) / 2 > SLOW_ITEM_S:
+                slow.add(name)
+        return slow
+
+    def _first_draw(self, rng_seed: str, task_id: str) -> tuple[str, int]:
+        """The (dataset, item index) `_make(random.Random(rng_seed), task_id)` asks for first."""
+        pick = random.Random(f"{self.cfg.seed}/{task_id}/dataset")
+        name = pick.choices(self.names, self.weights)[0]
+        return name, random.Random(rng_seed).randrange(self.datasets[name].config.size)
+
+    def prefetch(self, indices) -> None:
+        """Start building the items training tasks `indices` will draw first (slow generators
+        only; `reasoning_gym_items`): a caller passes the next step's indices with this one's."""
+        if self._ahead is None:
+            return
+        draws = (self._first_draw(f"{self.cfg.seed}/train/{i}/0", f"train-{i}") for i in indices)
+        self._ahead.submit(d for d in draws if d[0] in self._slow)
+
     def _entry(self, name: str, rng: random.Random) -> dict:
         """A random item of dataset `name`. An index the library's generator fails on (maze's
         "Could not find suitable path cell after 1000 attempts" on some 5 x 5 grids) is a
@@ -132,21 +170,28 @@ class ReasoningGymTasks(ProceduralTasks):
         dataset = self.datasets[name]
         for _ in range(MAX_ITEM_TRIES):
             index = rng.randrange(dataset.config.size)
-            try:
-                return dataset[index]
-            except (ConfigError, KeyboardInterrupt, MemoryError):
-                raise
-            except Exception as e:
-                error = f"{type(e).__name__}: {str(e)[:200]}"
-                if not self.skipped_items[name]:
-                    print(
-                        f"warning: reasoning-gym {name} could not generate item {index} "
-                        f"({error}); drawing another (skips are counted in the run's summary)",
-                        file=sys.stderr,
-                    )
-                self.skipped_items[name] += 1
+            ahead = self._ahead.take((name, index)) if self._ahead is not None else None
+            if ahead is not None and ahead[0]:
+                return ahead[1]
+            if ahead is not None:  # the generator raised in the worker
+                error = str(ahead[1])
+            else:
+                try:
+                    return dataset[index]
+                except (ConfigError, KeyboardInterrupt, MemoryError):
+                    raise
+                except Exception as e:
+                    error = f"{type(e).__name__}: {str(e)[:200]}"
+            if not self.skipped_items[name]:
+                print(
+                    f"warning: reasoning-gym {name} could not generate item {index} "
+                    f"({error}); drawing another (skips are counted in the run's summary)",
+                    file=sys.stderr,
+                )
+            self.skipped_items[name] += 1
         raise ConfigError(
-            f"reasoning-gym {name} failed on {MAX_ITEM_TRIES} indices in a row with "
+            f"reasoning-gym could not generate an item of {name} on {MAX_ITEM_TRIES} indices in "
+            f"a row with "
             f"task.dataset_config.{name}={self.cfg.dataset_config.get(name, {})} (last: {error}); "
             f"widen the dataset's settings or drop it from task.datasets"
         )

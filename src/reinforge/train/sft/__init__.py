@@ -22,6 +22,7 @@ from reinforge.data.chat import chat_example, eos_ids
 from reinforge.distributed import loss_scale, sum_over_ranks
 from reinforge.envs.env_tasks import EnvTasks
 from reinforge.sharding import accumulation, clip_grad_norm, in_lockstep
+from reinforge.tasks import prefetch
 from reinforge.train.packing.forward import completion_rows, micro_batches
 from reinforge.train.policy.optim import advance_schedule
 from reinforge.types import Message, Task
@@ -34,6 +35,7 @@ def sft_examples(tokenizer, task_source, start: int, count: int) -> SFTBatch:
         from reinforge.train.sft.demos import demonstration_examples
 
         return demonstration_examples(tokenizer, task_source, start, count)
+    prefetch(task_source, range(start, start + 2 * count))  # this batch's and the next's
     return sft_batch(tokenizer, [task_source.train_task(i) for i in range(start, start + count)])
 
 
