@@ -407,3 +407,15 @@ def test_an_item_a_worker_fails_to_generate_is_a_counted_skip(monkeypatch):
     assert tasks._ahead.taken == taken + 3  # all three came from the workers
     assert entry == tasks.datasets["maze"][404]
     assert tasks.skipped_items["maze"] == 2
+
+
+def test_an_item_that_cannot_come_back_from_a_worker_is_built_in_process():
+    from reinforge.tasks.reasoning_gym_items import ItemsAhead
+
+    # the worker cannot build this dataset (its create_dataset raises): the future fails, and
+    # `take` says so with None, which `_entry` answers by building the item itself
+    ahead = ItemsAhead({"no_such_dataset": "{}"}, 0)
+    ahead.submit([("no_such_dataset", 1)])
+    assert ahead.take(("no_such_dataset", 1)) is None
+    assert ahead.take(("no_such_dataset", 2)) is None  # never submitted
+    assert ahead.taken == 0
