@@ -110,15 +110,7 @@ def _saved_bytes_per_token(lora_rank: int, tokens: int = 512) -> tuple[float, in
     from reinforge.train.policy.lora import adapters_in_base_dtype, apply_lora
 
     torch.manual_seed(0)
-    config = Qwen2Config(
-        hidden_size=128,
-        intermediate_size=352,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=256,
-        tie_word_embeddings=True,
-    )
+    config = Qwen2Config(**{k: v for k, v in MICRO.items() if k != "model_type"})
     model = Qwen2ForCausalLM(config).to(torch.bfloat16)
     if lora_rank:
         model, _ = apply_lora(model, rank=lora_rank)
@@ -133,7 +125,7 @@ def _saved_bytes_per_token(lora_rank: int, tokens: int = 512) -> tuple[float, in
     hooks = torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t)
     layer.register_forward_pre_hook(lambda *_: hooks.__enter__())
     layer.register_forward_hook(lambda *_: hooks.__exit__(None, None, None))
-    model(input_ids=torch.randint(0, 256, (1, tokens)))
+    model(input_ids=torch.randint(0, MICRO["vocab_size"], (1, tokens)))
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved = sum(n for ptr, n in storages.items() if ptr not in params)
     shape = ModelShape.from_hf_config(config.to_dict())

@@ -129,6 +129,7 @@ class EnvTasks:
     def prefetch(self, indices) -> None:
         """Let the source start building these training tasks (a source with slow items has
         `prefetch`, e.g. reasoning-gym's; the others build on demand)."""
+        # (reinforge.tasks.prefetch's two lines: envs may not import tasks, tasks imports envs)
         method = getattr(self.source, "prefetch", None)
         if method is not None:
             method(indices)
