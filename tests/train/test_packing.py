@@ -527,3 +527,55 @@ def test_gradient_checkpointing_keeps_values_and_gradients(attention, shared):
     torch.testing.assert_close(results[0][0], results[1][0])
     for plain, recomputed in zip(results[0][1], results[1][1]):
         torch.testing.assert_close(plain, recomputed, atol=1e-6, rtol=1e-5)
+
+
+def traceable_varlen(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **options):
+    """A CPU stand-in for torch's flash varlen kernel, with its contract (causal within each
+    segment, the diagonal aligned to the segment's last key) in tensor ops that torch.compile
+    traces: segment ids by searchsorted, one masked SDPA."""
+    cu_q, cu_k = cu_seq_q.long(), cu_seq_k.long()
+    pos_q = torch.arange(query.shape[0])
+    pos_k = torch.arange(key.shape[0])
+    seg_q = torch.searchsorted(cu_q[1:], pos_q, right=True)
+    seg_k = torch.searchsorted(cu_k[1:], pos_k, right=True)
+    reach_q = pos_q - cu_q[seg_q] + cu_k.diff()[seg_q] - cu_q.diff()[seg_q]
+    allowed = (seg_q[:, None] == seg_k[None, :]) & (
+        (pos_k - cu_k[seg_k])[None, :] <= reach_q[:, None]
+    )
+    assert options.get("window_size", (-1, 0)) == (-1, 0) and options.get("is_causal", True)
+    q, k, v = (x.transpose(0, 1)[None] for x in (query, key, value))
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=allowed, scale=options.get("scale"), enable_gqa=True
+    )
+    return out[0].transpose(0, 1)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_compiled_layers_take_the_varlen_kernel_without_a_graph_break(monkeypatch, shared):
+    """The trainer compiles each decoder layer; attention reads the varlen kernel and its keyword
+    names inside that compiled code. Each layer must trace as one graph (fullgraph=True raises at
+    any break): in s18f a functools.cache lookup and inspect.signature there split every layer in
+    three, each piece with its own host work per micro-batch. Values and gradients as the
+    reference kernel's, with gradient checkpointing as G1 runs it."""
+    import reinforge.engine.varlen as varlen
+    from reinforge.train.packing.attention import register_varlen_attention
+
+    monkeypatch.setattr(varlen, "_VARLEN_ATTN", traceable_varlen)
+    seqs = grouped_sequences(2, 3, seed=7) if shared else random_sequences(4, seed=7)
+    [batch] = pack(seqs, max_tokens=200)
+    results = []
+    for implementation in (VARLEN_REFERENCE, VARLEN):
+        torch._dynamo.reset()
+        model = load_micro()
+        register_varlen_attention()
+        model.set_attn_implementation(implementation)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if implementation == VARLEN:
+            for layer in model.get_decoder().layers:
+                layer.compile(fullgraph=True, dynamic=True, backend="eager")
+        logprobs_K, _ = packed_logprobs(model, batch)
+        logprobs_K.sum().backward()
+        results.append((logprobs_K.detach(), [p.grad for p in model.parameters()]))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-5)
+    for reference, compiled in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(reference, compiled, atol=1e-5, rtol=1e-4)

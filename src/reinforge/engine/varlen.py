@@ -10,19 +10,21 @@ without importing Triton.
 
 from __future__ import annotations
 
-import functools
 import inspect
 
+try:
+    from torch.nn.attention.varlen import varlen_attn as _VARLEN_ATTN
+except ImportError:  # torch < 2.10
+    _VARLEN_ATTN = None
+_OPTIONS = frozenset(inspect.signature(_VARLEN_ATTN).parameters) if _VARLEN_ATTN else frozenset()
 
-@functools.cache
+
+# Plain reads of module constants, so torch.compile traces through them: the trainer's compiled
+# decoder layers call these inside attention, and a `functools.cache` wrapper or
+# `inspect.signature` there broke each layer's graph in three (s18f: dynamo's warnings).
 def torch_varlen_attn():
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:  # torch < 2.10
-        return None
-    return varlen_attn
+    return _VARLEN_ATTN
 
 
-@functools.cache
 def varlen_options() -> frozenset[str]:
-    return frozenset(inspect.signature(torch_varlen_attn()).parameters)
+    return _OPTIONS
