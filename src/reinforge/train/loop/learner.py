@@ -46,6 +46,7 @@ class Learner:
     value_head: ValueHead | None = None
     # keys of the questions RL trained on (diagnostics.question_repeats), kept across a resume
     questions_seen: set[int] = field(default_factory=set)
+    graphs_failed: bool = False  # a CUDA graph capture of the update failed (train.loop.graphs)
 
     def checkpoint_state(self) -> dict:
         """What resume needs beyond the model, optimizer and RNG."""

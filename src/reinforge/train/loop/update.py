@@ -15,6 +15,7 @@ over ranks too: the step is the single-process step of the same global batch.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -26,9 +27,11 @@ from reinforge.distributed import loss_scale, reduce_metrics
 from reinforge.sharding import accumulation, clip_grad_norm, in_lockstep
 from reinforge.train.loop.advantage_step import StepBatch
 from reinforge.train.loop.diagnostics import clip_fractions, measure_policy_change
+from reinforge.train.loop.graphs import StepGraph, graph_blocker, replayed
 from reinforge.train.loop.learner import Learner
-from reinforge.train.packing import to_device
-from reinforge.train.packing.forward import completion_rows, micro_batches
+from reinforge.train.packing import PackedBatch, pack_one, to_device
+from reinforge.train.packing.forward import completion_sequences, micro_batches, packed_rows
+from reinforge.train.packing.static import PackedShape, pad_packed, pad_rows
 from reinforge.train.policy.moe import (
     begin_micro_batch,
     replay_metrics,
@@ -56,11 +59,22 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
     # micro-batch would wait for the GPU each time, draining its queue between micro-batches
     # (G1's profile, session 15: 72 of the update's 220 synchronizations).
     on_device: dict[str, torch.Tensor | float] = {}
+    packed = [pack_micro_batch(cfg, batch, idx) for idx in batches]
+    graph = step_graph(cfg, learner, batch, batches, packed)
+    device = next(model.parameters()).device
     with accumulation(model, unsharded) as before:
         for i, idx in enumerate(batches):
             before(last=i == len(batches) - 1)
-            for key, value in micro_step(cfg, learner, batch, idx).items():
+            if graph is not None and i in graph.members:
+                data = micro_data(batch, idx, packed[i], device, graph.shape)
+                step_metrics = graph.run(data)
+            else:
+                data = micro_data(batch, idx, packed[i], device)
+                step_metrics = micro_compute(cfg, learner, batch, len(idx), data)
+            for key, value in step_metrics.items():
                 on_device[key] = combine(key, on_device.get(key), _detached(value))
+    if graph is not None:
+        graph.close()
     totals = to_floats(on_device)
     # each rank's terms are divided by the global counts: over the ranks they add up
     extremes = {k for k in totals if k.endswith(("_min", "_max"))}
@@ -74,6 +88,26 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
     totals.update(optimizer_step(cfg, learner))
     totals.update(measure_policy_change(cfg, learner, batch, batches))  # one no-grad forward
     return totals
+
+
+def step_graph(
+    cfg: TrainConfig, learner: Learner, batch: StepBatch, batches, packed
+) -> StepGraph | None:
+    """The step's CUDA graph over its similar micro-batches (`train.loop.graphs`), or None."""
+    if graph_blocker(cfg, learner) is not None:
+        return None
+    chosen = replayed(packed)
+    if not chosen:
+        return None
+
+    def compute(data: MicroData) -> dict[str, torch.Tensor]:
+        return micro_compute(cfg, learner, batch, -1, data)  # (-1: MoE only, not replayed)
+
+    def failed() -> None:
+        learner.graphs_failed = True
+
+    capture = next(learner.policy.model.parameters()).is_cuda
+    return StepGraph.for_step(compute, packed, chosen, failed, capture)
 
 
 def combine(key: str, total, value):
@@ -112,40 +146,90 @@ def to_floats(metrics: dict) -> dict[str, float]:
     return {k: out[k] for k in metrics}
 
 
+@dataclass
+class MicroData:
+    """One micro-batch's inputs on the device: the packed row and its rows of step data."""
+
+    packed: PackedBatch
+    mask_ST: torch.Tensor
+    sampler_ST: torch.Tensor | None
+    advantages: torch.Tensor  # [S] per sequence, or [S, T] per token
+    ref_ST: torch.Tensor | None
+    old_values_ST: torch.Tensor | None
+    returns_ST: torch.Tensor | None
+
+
+def pack_micro_batch(cfg: TrainConfig, batch: StepBatch, idx: list[int]) -> PackedBatch:
+    """Micro-batch `idx` of the step laid out as one packed row (CPU tensors)."""
+    seqs = completion_sequences(
+        [batch.prompts[i] for i in idx],
+        [batch.completions[i] for i in idx],
+        [batch.routes[i] for i in idx] if cfg.algorithm.routing_replay else None,
+    )
+    return pack_one(seqs, range(len(seqs)), cfg.train.share_prompts)
+
+
+def micro_data(
+    batch: StepBatch,
+    idx: list[int],
+    packed: PackedBatch,
+    device,
+    shape: PackedShape | None = None,
+) -> MicroData:
+    """`packed` (micro-batch `idx`) and its step data on `device`; padded to `shape` if given."""
+    width = packed.rows_index_ST.shape[1]
+
+    def take(step_BT: torch.Tensor | None) -> torch.Tensor | None:
+        return None if step_BT is None else step_BT[idx, :width]
+
+    advantages = batch.advantages
+    assert advantages is not None, "advantages are assigned before the update"
+    rows = {
+        "mask_ST": take(batch.mask_BT),
+        "sampler_ST": take(batch.sampler_BT),
+        "advantages": advantages[idx] if advantages.dim() == 1 else take(advantages),
+        "ref_ST": take(batch.ref_BT),
+        "old_values_ST": take(batch.old_values_BT),
+        "returns_ST": take(batch.returns_BT),
+    }
+    if shape is not None:
+        packed = pad_packed(packed, shape)
+        rows = {k: pad_rows(v, shape) for k, v in rows.items()}
+    moved = {k: None if v is None else to_device(v, device) for k, v in rows.items()}
+    return MicroData(packed.to(device), **moved)
+
+
 def micro_step(
     cfg: TrainConfig, learner: Learner, batch: StepBatch, idx: list[int]
 ) -> dict[str, torch.Tensor]:
     """Forward, loss and backward of one micro-batch; returns its share of the step's metrics."""
+    device = next(learner.policy.model.parameters()).device
+    data = micro_data(batch, idx, pack_micro_batch(cfg, batch, idx), device)
+    return micro_compute(cfg, learner, batch, len(idx), data)
+
+
+def micro_compute(
+    cfg: TrainConfig, learner: Learner, batch: StepBatch, num_seqs: int, data: MicroData
+) -> dict[str, torch.Tensor]:
+    """The device work of `micro_step` on inputs already there: a CUDA graph captures this call
+    (`train.loop.graphs`), so it reads nothing from the host but the step's constants."""
     a, algorithm = cfg.algorithm, learner.algorithm
     begin_micro_batch(learner.policy.model, a.router_aux_coef)
-    rows = completion_rows(
+    rows = packed_rows(
         learner.policy.model,
-        [batch.prompts[i] for i in idx],
-        [batch.completions[i] for i in idx],
+        data.packed,
         cfg.rollout.temperature or 1.0,
         with_hidden=learner.value_head is not None,
-        share_prompts=cfg.train.share_prompts,
-        routes=[batch.routes[i] for i in idx] if a.routing_replay else None,
     )
-    width = rows.logprobs_ST.shape[1]
-    device = rows.logprobs_ST.device
-
-    def take(step_BT: torch.Tensor | None) -> torch.Tensor | None:
-        return None if step_BT is None else to_device(step_BT[idx, :width], device)
-
-    mask_ST, sampler_ST = take(batch.mask_BT), take(batch.sampler_BT)
-    advantages = batch.advantages
-    assert advantages is not None, "advantages are assigned before the update"
+    mask_ST, sampler_ST = data.mask_ST, data.sampler_ST
     inputs = LossInputs(
         logprobs_BT=rows.logprobs_ST,
         old_logprobs_BT=rows.logprobs_ST.detach() if a.old_logprobs == "trainer" else sampler_ST,
-        advantages_B=(
-            to_device(advantages[idx], device) if advantages.dim() == 1 else take(advantages)
-        ),
+        advantages_B=data.advantages,
         mask_BT=mask_ST,
         num_tokens_total=batch.num_tokens,
         num_seqs_total=batch.num_seqs,
-        ref_logprobs_BT=take(batch.ref_BT),
+        ref_logprobs_BT=data.ref_ST,
         entropy_BT=rows.entropy_ST,
         sampler_logprobs_BT=sampler_ST,
         token_sum_norm=float(cfg.rollout.max_new_tokens),
@@ -156,8 +240,8 @@ def micro_step(
     if learner.value_head is not None:
         value_loss, value_metrics = clipped_value_loss(
             head_values(learner.value_head, rows.hidden_STH),
-            take(batch.old_values_BT),
-            take(batch.returns_BT),
+            data.old_values_ST,
+            data.returns_ST,
             mask_ST,
             batch.num_tokens,
             a.value_clip or None,
@@ -166,7 +250,7 @@ def micro_step(
         metrics.update(value_metrics)
     aux = router_aux_loss(learner.policy.model, a.router_aux_coef)
     if aux is not None:  # per micro-batch, weighted by its share of the step's sequences
-        aux = aux * (len(idx) / len(batch.completions))
+        aux = aux * (num_seqs / len(batch.completions))
         loss = loss + aux
         metrics["router_aux_loss"] = aux.detach()
     metrics.update(replay_metrics(learner.policy.model))  # before the backward's recompute

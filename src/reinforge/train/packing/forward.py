@@ -93,9 +93,22 @@ def completion_rows(
     for a value head), as completion rows; the sequences form one packed micro-batch. `routes`:
     each sequence's recorded experts (`Completion.routes`, or None) for routing replay."""
     device = next(model.parameters()).device
+    seqs = completion_sequences(prompts, completions, routes)
+    batch = pack_one(seqs, range(len(seqs)), share_prompts)
+    return packed_rows(model, batch.to(device), temperature, with_hidden)
+
+
+def completion_sequences(
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    routes: Sequence | None = None,
+) -> list[PackSequence]:
     routes = routes if routes is not None else [None] * len(prompts)
-    seqs = [PackSequence(p, c, routes=r) for p, c, r in zip(prompts, completions, routes)]
-    batch = pack_one(seqs, range(len(seqs)), share_prompts).to(device)
+    return [PackSequence(p, c, routes=r) for p, c, r in zip(prompts, completions, routes)]
+
+
+def packed_rows(model, batch: PackedBatch, temperature: float, with_hidden: bool = False) -> Rows:
+    """`completion_rows` of a micro-batch already packed (and on the model's device)."""
     # An FSDP-sharded model runs the same function as a registered forward method, which gathers
     # the root's parameters (the LM head among them) around it.
     forward = getattr(model, PACKED_FORWARD, None)

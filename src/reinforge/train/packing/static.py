@@ -1,0 +1,149 @@
+"""One shape for every micro-batch of a step, so that one CUDA graph can replay them all
+(`train.loop.graphs`).
+
+A captured graph replays fixed tensor shapes and fixed integers: the row length L, the number
+of attention segments G, the key stream's length J, the targets K, the rows S x T, and the
+longest segment's query and key counts that the varlen kernel takes as integers. `common_shape`
+takes the largest of each over the step's micro-batches; `pad_packed` brings one micro-batch to
+it without changing any real token's logprob or gradient:
+
+- the row is extended by pad tokens (id 0, position 0), **each its own one-token segment**
+  (attending only to itself), so every position of the row lies in a segment: a position outside
+  every segment is never written by the kernel and could hold NaN, and NaN times a zero gradient
+  is still NaN in the weights' gradients;
+- the segment offsets are then repeated up to G: empty segments, which no kernel reads (with
+  shared prompts the first of them holds the key stream's spare entries, with no queries);
+- targets past the real ones predict token 0 from the last row position; no row points at them
+  and their loss mask is 0;
+- rows past the real sequences, and columns past each micro-batch's longest completion, are
+  invalid (mask 0) and read target 0.
+
+The padded tokens cost compute: `common_shape` is taken over micro-batches of similar size (the
+trainer runs a much smaller last one as it is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from reinforge.train.packing import PackedBatch
+
+
+@dataclass(frozen=True)
+class PackedShape:
+    tokens: int  # L
+    segments: int  # G
+    keys: int  # J (the key stream: every micro-batch gets a key index when one shares a prompt)
+    targets: int  # K
+    seqs: int  # S
+    width: int  # T
+    max_segment: int
+    max_keys: int
+    shared: bool  # a key index (shared prompts) in some micro-batch
+
+
+def common_shape(batches: Sequence[PackedBatch]) -> PackedShape:
+    """The smallest shape every one of `batches` pads to."""
+    assert batches, "no micro-batches"
+    assert all(b.routes_TNK is None for b in batches), "recorded routes are not padded"
+    tokens = max(b.num_tokens for b in batches)
+    shared = any(b.key_index_J is not None for b in batches)
+    return PackedShape(
+        tokens=tokens,
+        # one more where the key stream has spare keys (`pad_packed`)
+        segments=max(_num_segments(b) + tokens - b.num_tokens for b in batches) + shared,
+        keys=max(_num_keys(b) + tokens - b.num_tokens for b in batches) if shared else 0,
+        targets=max(int(b.targets_K.numel()) for b in batches),
+        seqs=max(int(b.rows_index_ST.shape[0]) for b in batches),
+        width=max(int(b.rows_index_ST.shape[1]) for b in batches),
+        max_segment=max(max(b.max_segment for b in batches), 1),
+        max_keys=max(max(b.max_keys for b in batches), 1),
+        shared=shared,
+    )
+
+
+def _num_segments(b: PackedBatch) -> int:
+    return int(b.cu_segments_G1.numel()) - 1
+
+
+def _num_keys(b: PackedBatch) -> int:
+    return b.num_tokens if b.key_index_J is None else int(b.key_index_J.numel())
+
+
+def _cat(x: torch.Tensor, *tails: torch.Tensor) -> torch.Tensor:
+    return torch.cat([x, *(t.to(x.dtype) for t in tails)])
+
+
+def _offsets(cu_G1: torch.Tensor, end: int, pad: int, spare: int, segments: int) -> torch.Tensor:
+    """Offsets `cu_G1` (ending at `end`), then `pad` one-long segments, then (`spare` > 0) one
+    segment of that length, then empty ones up to `segments`."""
+    ones = end + torch.arange(1, pad + 1)
+    last = torch.tensor([end + pad + spare] if spare else [], dtype=torch.long)
+    filled = cu_G1.numel() + pad + last.numel()
+    empty = torch.full((segments + 1 - filled,), end + pad + spare)
+    return _cat(cu_G1, ones, last, empty)
+
+
+def pad_packed(b: PackedBatch, shape: PackedShape) -> PackedBatch:
+    """`b` laid out in `shape` (CPU tensors, before `.to(device)`); real tokens' logprobs and
+    gradients unchanged (module docstring)."""
+    length, pad = b.num_tokens, shape.tokens - b.num_tokens
+    assert pad >= 0 and b.routes_TNK is None
+    zeros = torch.zeros(pad, dtype=torch.long)
+    key_index_J = cu_keys_G1 = None
+    spare = 0
+    if shape.shared:
+        own_J = b.key_index_J if b.key_index_J is not None else torch.arange(length)
+        own_cu = b.cu_keys_G1 if b.cu_keys_G1 is not None else b.cu_segments_G1
+        # keys past the pad tokens' own: a segment with no queries holds them (every key of
+        # the stream then belongs to a segment, as the padded kernel expects)
+        spare = shape.keys - own_J.numel() - pad
+        key_index_J = _cat(own_J, torch.arange(length, shape.tokens), torch.zeros(spare))
+        cu_keys_G1 = _offsets(own_cu, int(own_J.numel()), pad, spare, shape.segments)
+    num_targets = int(b.targets_K.numel())
+    extra = shape.targets - num_targets
+    seqs, width = b.rows_index_ST.shape
+    index_ST = torch.zeros(shape.seqs, shape.width, dtype=b.rows_index_ST.dtype)
+    index_ST[:seqs, :width] = b.rows_index_ST
+    valid_ST = torch.zeros(shape.seqs, shape.width, dtype=torch.bool)
+    valid_ST[:seqs, :width] = b.rows_valid_ST
+
+    def pad_k(x_K: torch.Tensor) -> torch.Tensor:
+        return _cat(x_K, torch.zeros(extra))
+
+    def pad_s(x_S: torch.Tensor) -> torch.Tensor:
+        return _cat(x_S, torch.zeros(shape.seqs - x_S.numel()))
+
+    return replace(
+        b,
+        input_ids_L=_cat(b.input_ids_L, zeros),
+        position_ids_L=_cat(b.position_ids_L, zeros),
+        # (its first empty segment is the spare keys' one: no queries)
+        cu_segments_G1=_offsets(b.cu_segments_G1, length, pad, 0, shape.segments),
+        max_segment=shape.max_segment,
+        target_positions_K=_cat(b.target_positions_K, torch.full((extra,), shape.tokens - 1)),
+        targets_K=pad_k(b.targets_K),
+        mask_K=pad_k(b.mask_K),
+        values_K={k: pad_k(v) for k, v in b.values_K.items()},
+        seq_values_S={k: pad_s(v) for k, v in b.seq_values_S.items()},
+        rows_index_ST=index_ST,
+        rows_valid_ST=valid_ST,
+        key_index_J=key_index_J,
+        cu_keys_G1=cu_keys_G1,
+        max_keys=shape.max_keys if shape.shared else shape.max_segment,
+    )
+
+
+def pad_rows(x: torch.Tensor | None, shape: PackedShape) -> torch.Tensor | None:
+    """Per-sequence [S] or per-token [S, T] step data of one micro-batch, zero-padded to the
+    shape's rows (padded rows and columns carry mask 0, so zeros are never read as data)."""
+    if x is None:
+        return None
+    if x.dim() == 1:
+        return _cat(x, torch.zeros(shape.seqs - x.shape[0]))
+    out = torch.zeros(shape.seqs, shape.width, dtype=x.dtype, device=x.device)
+    out[: x.shape[0], : x.shape[1]] = x[:, : shape.width]
+    return out

@@ -1,0 +1,154 @@
+"""The update replayed from CUDA graphs (`train.cuda_graphs`, train/loop/graphs.py): on a CPU,
+the padding it needs (every micro-batch of a step brought to one shape, `train.packing.static`)
+and its inputs copied into one fixed set of tensors, run eagerly; on CUDA, the capture itself
+(marker `gpu`). Both against the update as it runs without graphs: same gradient, same metrics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reinforge.rollout.sources import rollout_groups
+from reinforge.train.loop import graphs, update
+from reinforge.train.loop.advantage_step import assign_advantages, build_step_batch
+from reinforge.train.packing import pack
+from reinforge.train.packing.attention import VARLEN, VARLEN_PADDED, VARLEN_REFERENCE
+from reinforge.train.packing.static import common_shape, pad_packed
+
+from .test_packing import grouped_sequences, load_micro, random_sequences, traceable_varlen
+from .test_rl_loop import DigitTasks, make_learner, make_policy, micro_step_config
+from .test_update import RecordingSGD
+
+
+def logprobs_and_grads(model, batch, real: int):
+    """Logprobs of the targets, and the weights' gradient of a loss over the first `real` (a
+    padded target has loss mask 0 in the trainer: it takes no part)."""
+    from reinforge.train.packing import packed_logprobs
+
+    logprobs_K, entropy_K = packed_logprobs(model, batch, 0.7)
+    (logprobs_K[:real].sum() + 0.1 * entropy_K[:real].sum()).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return logprobs_K.detach(), grads
+
+
+@pytest.mark.parametrize("implementation", [VARLEN_REFERENCE, VARLEN_PADDED, VARLEN])
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_padded_micro_batch_has_the_same_logprobs_and_gradients(
+    monkeypatch, implementation, shared
+):
+    """Pad tokens as one-token segments, empty segments after them, padded targets and rows:
+    no real token's logprob or the weights' gradient changes, and nothing is NaN (a position
+    outside every segment would be)."""
+    import reinforge.engine.varlen as varlen
+    from reinforge.train.packing.attention import register_varlen_attention
+
+    monkeypatch.setattr(varlen, "_VARLEN_ATTN", traceable_varlen)
+    seqs = grouped_sequences(3, 3, seed=3) if shared else random_sequences(7, seed=3)
+    batches = pack(seqs, max_tokens=70)
+    assert len(batches) >= 2 and len({b.num_tokens for b in batches}) > 1
+    shape = common_shape(batches)
+    model = load_micro()
+    register_varlen_attention()
+    model.set_attn_implementation(implementation)
+    for b in batches:
+        padded = pad_packed(b, shape)
+        assert padded.num_tokens == shape.tokens
+        assert padded.cu_segments_G1.numel() == shape.segments + 1
+        assert int(padded.cu_segments_G1[-1]) == shape.tokens
+        real = int(b.targets_K.numel())
+        plain_K, plain_grads = logprobs_and_grads(model, b, real)
+        padded_K, padded_grads = logprobs_and_grads(model, padded, real)
+        torch.testing.assert_close(padded_K[:real], plain_K, atol=1e-5, rtol=1e-5)
+        assert torch.isfinite(padded_K).all()
+        torch.testing.assert_close(
+            padded.rows(padded_K)[: b.num_seqs, : b.rows_index_ST.shape[1]],
+            b.rows(plain_K),
+            atol=1e-5,
+            rtol=1e-5,
+        )
+        for plain, padded_grad in zip(plain_grads, padded_grads):
+            torch.testing.assert_close(padded_grad, plain, atol=1e-5, rtol=1e-4)
+
+
+def update_gradient(cfg, tmp_path, batch_seed: int = 5):
+    policy = make_policy(cfg)
+    learner = make_learner(cfg, tmp_path, policy)
+    learner.optimizer = RecordingSGD(learner.policy.model.parameters(), lr=0.0)
+    learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda s: 1.0)
+    tasks = DigitTasks(cfg.task)
+    groups = rollout_groups(
+        cfg, policy, tasks, [tasks.train_task(i) for i in range(6)], seed=batch_seed
+    )
+    batch = build_step_batch(groups, cfg.algorithm, policy.device)
+    assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
+    metrics = update.update_policy(cfg, learner, batch)
+    return learner.optimizer.grads, metrics
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+def test_the_step_through_fixed_padded_inputs_has_the_same_gradient_and_metrics(
+    monkeypatch, tmp_path, aggregation
+):
+    """update_policy with the graph's path forced on a CPU (no capture: each micro-batch padded,
+    copied into the first one's tensors and run from there) against the path without it."""
+    cfg = micro_step_config(
+        "rollout.temperature=0.7",
+        "algorithm.kl_coef=0",
+        "algorithm.entropy_coef=0.01",
+        f"algorithm.loss_aggregation={aggregation}",
+        "optim.max_grad_norm=1e9",
+        "train.micro_batch_tokens=48",
+    )
+    plain_grads, plain_metrics = update_gradient(cfg, tmp_path / "plain")
+    runs = []
+    real_run = graphs.StepGraph.run
+
+    def counting_run(self, data):
+        runs.append(data.packed.num_tokens)
+        return real_run(self, data)
+
+    monkeypatch.setattr(update, "graph_blocker", lambda cfg, learner: None)
+    monkeypatch.setattr(graphs.StepGraph, "run", counting_run)
+    graph_grads, graph_metrics = update_gradient(cfg, tmp_path / "graph")
+    assert len(runs) >= graphs.MIN_REPLAYED and len(set(runs)) == 1, runs  # one padded shape
+    for plain, replayed in zip(plain_grads, graph_grads):
+        torch.testing.assert_close(replayed, plain, atol=1e-5, rtol=1e-4)
+    for key, value in plain_metrics.items():
+        assert graph_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def test_graphs_are_off_where_they_cannot_replay(tmp_path):
+    cfg = micro_step_config("train.cuda_graphs=true")
+    learner = make_learner(cfg, tmp_path, make_policy(cfg))
+    assert graphs.graph_blocker(cfg, learner) == "not on CUDA"
+    off = micro_step_config()
+    assert graphs.graph_blocker(off, learner) == "train.cuda_graphs = false"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_captured_step_has_the_launched_steps_gradient_on_cuda(tmp_path, compiled):
+    """Captured and replayed on the GPU (varlen attention, checkpointing, the chunked LM head,
+    compiled layers or not) against the same step launched as usual."""
+    results = []
+    for cuda_graphs in (False, True):
+        cfg = micro_step_config(
+            "run.device=cuda",
+            "rollout.temperature=0.7",
+            "algorithm.kl_coef=0",
+            "optim.max_grad_norm=1e9",
+            "train.micro_batch_tokens=48",
+            f"train.compile={str(compiled).lower()}",
+            "model.gradient_checkpointing=true",
+            f"train.cuda_graphs={str(cuda_graphs).lower()}",
+        )
+        grads, metrics = update_gradient(cfg, tmp_path / str(cuda_graphs))
+        results.append((grads, metrics))
+    (plain_grads, plain_metrics), (graph_grads, graph_metrics) = results
+    for plain, replayed in zip(plain_grads, graph_grads):
+        torch.testing.assert_close(replayed, plain, atol=1e-4, rtol=1e-3)
+    for key in ("loss", "kl_sampler", "entropy"):
+        if key in plain_metrics:
+            assert graph_metrics[key] == pytest.approx(plain_metrics[key], rel=1e-3, abs=1e-5)
