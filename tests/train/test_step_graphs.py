@@ -118,12 +118,20 @@ def test_the_step_through_fixed_padded_inputs_has_the_same_gradient_and_metrics(
         assert graph_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
 
-def test_graphs_are_off_where_they_cannot_replay(tmp_path):
-    cfg = micro_step_config("train.cuda_graphs=true")
-    learner = make_learner(cfg, tmp_path, make_policy(cfg))
+def test_graphs_are_off_where_they_cannot_replay_and_the_run_says_why_once(tmp_path, capsys):
+    cfg = micro_step_config("train.cuda_graphs=true", "train.micro_batch_tokens=48")
+    policy = make_policy(cfg)
+    learner = make_learner(cfg, tmp_path, policy)
     assert graphs.graph_blocker(cfg, learner) == "not on CUDA"
-    off = micro_step_config()
-    assert graphs.graph_blocker(off, learner) == "train.cuda_graphs = false"
+    assert graphs.graph_blocker(micro_step_config(), learner) == "train.cuda_graphs = false"
+    tasks = DigitTasks(cfg.task)
+    for seed in (1, 2):
+        groups = rollout_groups(cfg, policy, tasks, [tasks.train_task(i) for i in range(4)], seed)
+        batch = build_step_batch(groups, cfg.algorithm, policy.device)
+        assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
+        update.update_policy(cfg, learner, batch)
+    out = capsys.readouterr().out
+    assert out.count("train.cuda_graphs = true has no effect here: not on CUDA") == 1, out
 
 
 @pytest.mark.gpu

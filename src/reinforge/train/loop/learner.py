@@ -47,6 +47,7 @@ class Learner:
     # keys of the questions RL trained on (diagnostics.question_repeats), kept across a resume
     questions_seen: set[int] = field(default_factory=set)
     graphs_failed: bool = False  # a CUDA graph capture of the update failed (train.loop.graphs)
+    graphs_noted: bool = False  # the run was told why train.cuda_graphs has no effect
 
     def checkpoint_state(self) -> dict:
         """What resume needs beyond the model, optimizer and RNG."""

@@ -24,6 +24,7 @@ from reinforge.algorithms.mismatch import mismatch_kl
 from reinforge.algorithms.value import clipped_value_loss
 from reinforge.config import TrainConfig
 from reinforge.distributed import loss_scale, reduce_metrics
+from reinforge.metrics import console
 from reinforge.sharding import accumulation, clip_grad_norm, in_lockstep
 from reinforge.train.loop.advantage_step import StepBatch
 from reinforge.train.loop.diagnostics import clip_fractions, measure_policy_change
@@ -94,7 +95,11 @@ def step_graph(
     cfg: TrainConfig, learner: Learner, batch: StepBatch, batches, packed
 ) -> StepGraph | None:
     """The step's CUDA graph over its similar micro-batches (`train.loop.graphs`), or None."""
-    if graph_blocker(cfg, learner) is not None:
+    blocker = graph_blocker(cfg, learner)
+    if blocker is not None:
+        if cfg.train.cuda_graphs and not learner.graphs_failed and not learner.graphs_noted:
+            console.print(f"[yellow]train.cuda_graphs = true has no effect here: {blocker}[/]")
+            learner.graphs_noted = True
         return None
     chosen = replayed(packed)
     if not chosen:
