@@ -160,3 +160,32 @@ def test_the_captured_step_has_the_launched_steps_gradient_on_cuda(tmp_path, com
     for key in ("loss", "kl_sampler", "entropy"):
         if key in plain_metrics:
             assert graph_metrics[key] == pytest.approx(plain_metrics[key], rel=1e-3, abs=1e-5)
+
+
+def test_a_capture_that_fails_says_so_once_and_the_step_goes_on_launched(
+    monkeypatch, tmp_path, capsys
+):
+    """On this CPU the capture itself raises (no CUDA): the fallback every failure takes. The
+    step finishes without graphs with the same gradient, and the message comes once (the rest
+    of the step does not try again; the learner is marked, so `graph_blocker` refuses later
+    steps)."""
+    cfg = micro_step_config(
+        "rollout.temperature=0.7",
+        "algorithm.kl_coef=0",
+        "optim.max_grad_norm=1e9",
+        "train.micro_batch_tokens=48",
+    )
+    plain_grads, _ = update_gradient(cfg, tmp_path / "plain")
+    monkeypatch.setattr(update, "graph_blocker", lambda cfg, learner: None)
+    real_for_step = graphs.StepGraph.for_step.__func__
+
+    def capturing(cls, compute, packed, chosen, on_failure, capture):
+        return real_for_step(cls, compute, packed, chosen, on_failure, True)  # capture on a CPU
+
+    monkeypatch.setattr(graphs.StepGraph, "for_step", classmethod(capturing))
+    graph_grads, _ = update_gradient(cfg, tmp_path / "graph")
+    for plain, launched in zip(plain_grads, graph_grads):
+        torch.testing.assert_close(launched, plain, atol=1e-5, rtol=1e-4)
+    out = capsys.readouterr().out
+    assert out.count("train.cuda_graphs: capturing the update failed") == 1, out
+    assert "the run goes on without graphs" in out

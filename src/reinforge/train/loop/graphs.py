@@ -112,10 +112,11 @@ class StepGraph:
                 )
                 if self.on_failure is not None:
                     self.on_failure()
+                self.capture = False  # the rest of this step as launched
                 return self.compute(self.static)
         self.graph.replay()
         assert self.outputs is not None
-        return {k: v.clone() for k, v in self.outputs.items()}
+        return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.outputs.items()}
 
     def close(self) -> None:
         self.graph = self.outputs = self.static = None
