@@ -128,6 +128,7 @@ def test_shared_prompts_give_the_update_of_whole_sequences(tmp_path, monkeypatch
     (with a KL reference, scored through the same packing) from the same seed gives the same
     loss, gradient norm and gradients with the group prompts run once as with every sequence
     whole. The step's micro-batches do share (the packing tests cover values and gradients)."""
+    from reinforge.train.loop import update
     from reinforge.train.packing import forward
 
     packed = []
@@ -138,7 +139,9 @@ def test_shared_prompts_give_the_update_of_whole_sequences(tmp_path, monkeypatch
         return batch
 
     real_pack_one = forward.pack_one
+    # the reference's scoring packs through forward, the update through update's own packing
     monkeypatch.setattr(forward, "pack_one", recording_pack_one)
+    monkeypatch.setattr(update, "pack_one", recording_pack_one)
     results = {}
     for share in (True, False):
         packed.clear()

@@ -204,20 +204,13 @@ def micro_data(
     return MicroData(packed.to(device), **moved)
 
 
-def micro_step(
-    cfg: TrainConfig, learner: Learner, batch: StepBatch, idx: list[int]
-) -> dict[str, torch.Tensor]:
-    """Forward, loss and backward of one micro-batch; returns its share of the step's metrics."""
-    device = next(learner.policy.model.parameters()).device
-    data = micro_data(batch, idx, pack_micro_batch(cfg, batch, idx), device)
-    return micro_compute(cfg, learner, batch, len(idx), data)
-
-
 def micro_compute(
     cfg: TrainConfig, learner: Learner, batch: StepBatch, num_seqs: int, data: MicroData
 ) -> dict[str, torch.Tensor]:
-    """The device work of `micro_step` on inputs already there: a CUDA graph captures this call
-    (`train.loop.graphs`), so it reads nothing from the host but the step's constants."""
+    """Forward, loss and backward of one micro-batch whose inputs are on the device (`micro_data`);
+    returns its share of the step's metrics. A CUDA graph captures this call
+    (`train.loop.graphs`), so it reads nothing from the host but the step's constants; `num_seqs`
+    (the micro-batch's sequences) weighs the MoE router's loss only."""
     a, algorithm = cfg.algorithm, learner.algorithm
     begin_micro_batch(learner.policy.model, a.router_aux_coef)
     rows = packed_rows(
