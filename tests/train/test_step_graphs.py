@@ -134,32 +134,81 @@ def test_graphs_are_off_where_they_cannot_replay_and_the_run_says_why_once(tmp_p
     assert out.count("train.cuda_graphs = true has no effect here: not on CUDA") == 1, out
 
 
+def cuda_policy(cfg, compiled: bool):
+    """The micro model as the trainer runs it on a GPU: bf16 (the varlen kernel), gradient
+    checkpointing, compiled layers or not. No engine: the rollout comes from a CPU policy."""
+    from reinforge.models.loading import load_model, load_tokenizer, model_source
+    from reinforge.train.loop.session import Policy, RunSetup
+    from reinforge.train.packing.attention import select_packed_attention
+    from reinforge.train.planner.memory import MemoryChoice
+    from reinforge.train.policy.model import compile_layers
+
+    source = model_source(cfg.model.path, cfg.run.seed)
+    model = load_model(source, torch.device("cuda"), torch.bfloat16)
+    assert select_packed_attention(model, "auto") == VARLEN
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    if compiled:
+        compile_layers(model)
+    memory = MemoryChoice(cfg.train.micro_batch_tokens, True, None, "set by the test")
+    setup = RunSetup(source, model.device, model.dtype, memory)
+    return Policy(model, load_tokenizer(source), None, source, setup)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("compiled", [False, True])
-def test_the_captured_step_has_the_launched_steps_gradient_on_cuda(tmp_path, compiled):
-    """Captured and replayed on the GPU (varlen attention, checkpointing, the chunked LM head,
-    compiled layers or not) against the same step launched as usual."""
+def test_the_captured_step_has_the_launched_steps_gradient_on_cuda(
+    monkeypatch, tmp_path, capsys, compiled
+):
+    """Captured and replayed on the GPU (bf16, varlen attention, checkpointing, the chunked LM
+    head, compiled layers or not) against the same step launched as usual, two steps each (a
+    graph per step): the replays happened, nothing fell back, the gradients and metrics agree."""
+    base = [
+        "rollout.temperature=0.7",
+        "algorithm.kl_coef=0",
+        "optim.max_grad_norm=1e9",
+        "train.micro_batch_tokens=48",
+    ]
+    cpu_cfg = micro_step_config(*base)
+    cpu = make_policy(cpu_cfg)
+    tasks = DigitTasks(cpu_cfg.task)
+    rollouts = [
+        rollout_groups(cpu_cfg, cpu, tasks, [tasks.train_task(i) for i in range(6)], seed=seed)
+        for seed in (5, 6)
+    ]
+    replays = []
+    real_run = graphs.StepGraph.run
+
+    def recording_run(self, data):
+        out = real_run(self, data)
+        replays.append(self.graph is not None)
+        return out
+
+    monkeypatch.setattr(graphs.StepGraph, "run", recording_run)
     results = []
     for cuda_graphs in (False, True):
-        cfg = micro_step_config(
-            "run.device=cuda",
-            "rollout.temperature=0.7",
-            "algorithm.kl_coef=0",
-            "optim.max_grad_norm=1e9",
-            "train.micro_batch_tokens=48",
-            f"train.compile={str(compiled).lower()}",
-            "model.gradient_checkpointing=true",
-            f"train.cuda_graphs={str(cuda_graphs).lower()}",
-        )
-        grads, metrics = update_gradient(cfg, tmp_path / str(cuda_graphs))
-        results.append((grads, metrics))
-    (plain_grads, plain_metrics), (graph_grads, graph_metrics) = results
-    for plain, replayed in zip(plain_grads, graph_grads):
-        torch.testing.assert_close(replayed, plain, atol=1e-4, rtol=1e-3)
-    for key in ("loss", "kl_sampler", "entropy"):
-        if key in plain_metrics:
-            assert graph_metrics[key] == pytest.approx(plain_metrics[key], rel=1e-3, abs=1e-5)
+        cfg = micro_step_config(*base, f"train.cuda_graphs={str(cuda_graphs).lower()}")
+        torch.manual_seed(0)
+        learner = make_learner(cfg, tmp_path / str(cuda_graphs), cuda_policy(cfg, compiled))
+        learner.optimizer = RecordingSGD(learner.policy.model.parameters(), lr=0.0)
+        learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda s: 1.0)
+        steps = []
+        for groups in rollouts:
+            batch = build_step_batch(groups, cfg.algorithm, learner.policy.device)
+            assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
+            metrics = update.update_policy(cfg, learner, batch)
+            steps.append((learner.optimizer.grads, metrics))
+        results.append(steps)
+    out = capsys.readouterr().out
+    assert "capturing the update failed" not in out, out
+    assert sum(replays) >= 2 * (graphs.MIN_REPLAYED - 1), replays  # replayed in both steps
+    for (plain_grads, plain_metrics), (graph_grads, graph_metrics) in zip(*results):
+        for plain, replayed in zip(plain_grads, graph_grads):
+            torch.testing.assert_close(replayed.float(), plain.float(), atol=1e-3, rtol=2e-2)
+        for key in ("loss", "kl_sampler", "entropy", "clip_low_frac"):
+            if key in plain_metrics:
+                assert graph_metrics[key] == pytest.approx(plain_metrics[key], rel=2e-2, abs=1e-4)
 
 
 def test_a_capture_that_fails_says_so_once_and_the_step_goes_on_launched(
