@@ -37,7 +37,7 @@ def logprobs_and_grads(model, batch, real: int):
 def test_a_padded_micro_batch_has_the_same_logprobs_and_gradients(
     monkeypatch, implementation, shared
 ):
-    """Pad tokens as one-token segments, empty segments after them, padded targets and rows:
+    """Pad tokens in segments of their own, empty segments after them, padded targets and rows:
     no real token's logprob or the weights' gradient changes, and nothing is NaN (a position
     outside every segment would be)."""
     import reinforge.engine.varlen as varlen
@@ -47,11 +47,15 @@ def test_a_padded_micro_batch_has_the_same_logprobs_and_gradients(
     seqs = grouped_sequences(3, 3, seed=3) if shared else random_sequences(7, seed=3)
     batches = pack(seqs, max_tokens=70)
     assert len(batches) >= 2 and len({b.num_tokens for b in batches}) > 1
-    shape = common_shape(batches)
+    largest = max(b.num_tokens for b in batches)
+    # the step's own shape, and one with room (a kept graph's) at twice the tokens: pad tokens
+    # and spare keys longer than the longest segment, in several segments each
+    shapes = [common_shape(batches), common_shape(batches, 2 * largest, room=1.5)]
+    assert shapes[1].tokens - min(b.num_tokens for b in batches) > shapes[1].max_segment
     model = load_micro()
     register_varlen_attention()
     model.set_attn_implementation(implementation)
-    for b in batches:
+    for b, shape in [(b, shape) for b in batches for shape in shapes]:
         padded = pad_packed(b, shape)
         assert padded.num_tokens == shape.tokens
         assert padded.cu_segments_G1.numel() == shape.segments + 1
@@ -86,36 +90,79 @@ def update_gradient(cfg, tmp_path, batch_seed: int = 5):
     return learner.optimizer.grads, metrics
 
 
+@pytest.mark.parametrize("mode", ["step", "run"])
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
 def test_the_step_through_fixed_padded_inputs_has_the_same_gradient_and_metrics(
-    monkeypatch, tmp_path, aggregation
+    monkeypatch, tmp_path, aggregation, mode
 ):
     """update_policy with the graph's path forced on a CPU (no capture: each micro-batch padded,
     copied into the first one's tensors and run from there) against the path without it."""
-    cfg = micro_step_config(
+    base = [
         "rollout.temperature=0.7",
         "algorithm.kl_coef=0",
         "algorithm.entropy_coef=0.01",
         f"algorithm.loss_aggregation={aggregation}",
         "optim.max_grad_norm=1e9",
         "train.micro_batch_tokens=48",
-    )
-    plain_grads, plain_metrics = update_gradient(cfg, tmp_path / "plain")
+    ]
+    plain_grads, plain_metrics = update_gradient(micro_step_config(*base), tmp_path / "plain")
     runs = []
-    real_run = graphs.StepGraph.run
+    real_run = graphs.UpdateGraph.run
 
     def counting_run(self, data):
         runs.append(data.packed.num_tokens)
         return real_run(self, data)
 
     monkeypatch.setattr(update, "graph_blocker", lambda cfg, learner: None)
-    monkeypatch.setattr(graphs.StepGraph, "run", counting_run)
+    monkeypatch.setattr(graphs.UpdateGraph, "run", counting_run)
+    cfg = micro_step_config(*base, f"train.cuda_graphs={mode}")
     graph_grads, graph_metrics = update_gradient(cfg, tmp_path / "graph")
-    assert len(runs) >= graphs.MIN_REPLAYED and len(set(runs)) == 1, runs  # one padded shape
+    assert len(runs) >= 2 and len(set(runs)) == 1, runs  # one padded shape
     for plain, replayed in zip(plain_grads, graph_grads):
         torch.testing.assert_close(replayed, plain, atol=1e-5, rtol=1e-4)
     for key, value in plain_metrics.items():
         assert graph_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+def test_a_kept_graph_serves_the_next_step_with_that_steps_counts(monkeypatch, tmp_path):
+    """Mode "run" on a CPU (no capture): the graph built in the first step serves the second
+    (its shape has room; no new one), whose token and sequence counts differ and reach the loss
+    through the graph's inputs: both steps' gradients and metrics equal the launched ones."""
+    base = [
+        "rollout.temperature=0.7",
+        "algorithm.kl_coef=0",
+        "algorithm.loss_aggregation=token_mean",
+        "optim.max_grad_norm=1e9",
+        "train.micro_batch_tokens=48",
+    ]
+
+    def two_steps(cfg, path):
+        policy = make_policy(cfg)
+        learner = make_learner(cfg, path, policy)
+        learner.optimizer = RecordingSGD(learner.policy.model.parameters(), lr=0.0)
+        learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda s: 1.0)
+        tasks = DigitTasks(cfg.task)
+        out = []
+        for seed, n in ((5, 6), (6, 5)):
+            tasks_ = [tasks.train_task(i) for i in range(n)]
+            batch = build_step_batch(
+                rollout_groups(cfg, policy, tasks, tasks_, seed=seed), cfg.algorithm, "cpu"
+            )
+            assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
+            metrics = update.update_policy(cfg, learner, batch)
+            out.append((learner.optimizer.grads, metrics, batch.num_tokens, learner.update_graph))
+        return out
+
+    plain = two_steps(micro_step_config(*base), tmp_path / "plain")
+    monkeypatch.setattr(update, "graph_blocker", lambda cfg, learner: None)
+    kept = two_steps(micro_step_config(*base, "train.cuda_graphs=run"), tmp_path / "run")
+    assert plain[0][2] != plain[1][2]  # the steps' token counts differ
+    assert kept[0][3] is not None and kept[1][3] is kept[0][3]  # one graph for both steps
+    for (grads, metrics, _, _), (kept_grads, kept_metrics, _, _) in zip(plain, kept):
+        for a, b in zip(grads, kept_grads):
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+        for key, value in metrics.items():
+            assert kept_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
 
 def test_graphs_are_off_where_they_cannot_replay_and_the_run_says_why_once(tmp_path, capsys):
@@ -157,13 +204,15 @@ def cuda_policy(cfg, compiled: bool):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", ["step", "run"])
 @pytest.mark.parametrize("compiled", [False, True])
 def test_the_captured_step_has_the_launched_steps_gradient_on_cuda(
-    monkeypatch, tmp_path, capsys, compiled
+    monkeypatch, tmp_path, capsys, compiled, mode
 ):
     """Captured and replayed on the GPU (bf16, varlen attention, checkpointing, the chunked LM
     head, compiled layers or not) against the same step launched as usual, two steps each (a
-    graph per step): the replays happened, nothing fell back, the gradients and metrics agree."""
+    graph per step, or one kept for both): the replays happened, nothing fell back, the
+    gradients and metrics agree."""
     base = [
         "rollout.temperature=0.7",
         "algorithm.kl_coef=0",
@@ -177,24 +226,25 @@ def test_the_captured_step_has_the_launched_steps_gradient_on_cuda(
         rollout_groups(cpu_cfg, cpu, tasks, [tasks.train_task(i) for i in range(6)], seed=seed)
         for seed in (5, 6)
     ]
-    replays = []
-    real_run = graphs.StepGraph.run
+    phases: list[list[str]] = []
+    real_run = graphs.UpdateGraph._run
 
     def recording_run(self, data):
-        out = real_run(self, data)
-        replays.append(self.graph is not None)
-        return out
+        phase, out = real_run(self, data)
+        phases[-1].append(phase)
+        return phase, out
 
-    monkeypatch.setattr(graphs.StepGraph, "run", recording_run)
+    monkeypatch.setattr(graphs.UpdateGraph, "_run", recording_run)
     results = []
-    for cuda_graphs in (False, True):
-        cfg = micro_step_config(*base, f"train.cuda_graphs={str(cuda_graphs).lower()}")
+    for cuda_graphs in ("false", mode):
+        cfg = micro_step_config(*base, f"train.cuda_graphs={cuda_graphs}")
         torch.manual_seed(0)
-        learner = make_learner(cfg, tmp_path / str(cuda_graphs), cuda_policy(cfg, compiled))
+        learner = make_learner(cfg, tmp_path / cuda_graphs, cuda_policy(cfg, compiled))
         learner.optimizer = RecordingSGD(learner.policy.model.parameters(), lr=0.0)
         learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda s: 1.0)
         steps = []
         for groups in rollouts:
+            phases.append([])
             batch = build_step_batch(groups, cfg.algorithm, learner.policy.device)
             assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
             metrics = update.update_policy(cfg, learner, batch)
@@ -202,7 +252,13 @@ def test_the_captured_step_has_the_launched_steps_gradient_on_cuda(
         results.append(steps)
     out = capsys.readouterr().out
     assert "capturing the update failed" not in out, out
-    assert sum(replays) >= 2 * (graphs.MIN_REPLAYED - 1), replays  # replayed in both steps
+    launched, graphed = phases[:2], phases[2:]
+    assert launched == [[], []], launched
+    assert all("replay" in step for step in graphed), graphed  # replayed in both steps
+    if mode == "run":  # the second step only replays the first one's graph
+        assert set(graphed[1]) == {"replay"}, graphed
+    else:
+        assert graphed[1][:2] == ["eager", "capture"], graphed
     for (plain_grads, plain_metrics), (graph_grads, graph_metrics) in zip(*results):
         for plain, replayed in zip(plain_grads, graph_grads):
             torch.testing.assert_close(replayed.float(), plain.float(), atol=1e-3, rtol=2e-2)
@@ -226,12 +282,13 @@ def test_a_capture_that_fails_says_so_once_and_the_step_goes_on_launched(
     )
     plain_grads, _ = update_gradient(cfg, tmp_path / "plain")
     monkeypatch.setattr(update, "graph_blocker", lambda cfg, learner: None)
-    real_for_step = graphs.StepGraph.for_step.__func__
+    real_step_graph = graphs.step_graph
 
-    def capturing(cls, compute, packed, chosen, on_failure, capture):
-        return real_for_step(cls, compute, packed, chosen, on_failure, True)  # capture on a CPU
+    def capturing(learner, mode, packed, compute, capture):
+        return real_step_graph(learner, mode, packed, compute, True)  # capture on a CPU
 
-    monkeypatch.setattr(graphs.StepGraph, "for_step", classmethod(capturing))
+    monkeypatch.setattr(update, "step_graph", capturing)
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"cuda_graphs": "step"})})
     graph_grads, _ = update_gradient(cfg, tmp_path / "graph")
     for plain, launched in zip(plain_grads, graph_grads):
         torch.testing.assert_close(launched, plain, atol=1e-5, rtol=1e-4)

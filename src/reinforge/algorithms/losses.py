@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from reinforge.algorithms.counts import at_least_one
 from reinforge.algorithms.kl import KL_ESTIMATORS, kl_estimate
 from reinforge.algorithms.mismatch import MismatchCorrection, MismatchLevel, mismatch_weights
 from reinforge.algorithms.table import Aggregation, KLEstimator
@@ -34,8 +35,10 @@ class LossInputs:
     old_logprobs_BT: torch.Tensor  # behaviour policy, no grad
     advantages_B: torch.Tensor  # [B] one per sequence, or [B, T] per token (GAE, REINFORCE++ token)
     mask_BT: torch.Tensor  # 1.0 on completion tokens that count, 0.0 elsewhere
-    num_tokens_total: float  # mask.sum() over the whole optimizer step
-    num_seqs_total: float  # sequences in the whole optimizer step
+    # mask.sum() and the sequences over the whole optimizer step: floats, or 0-d device tensors
+    # where the update replays a CUDA graph (`train.loop.graphs`: read them through `at_least_one`)
+    num_tokens_total: float | torch.Tensor
+    num_seqs_total: float | torch.Tensor
     ref_logprobs_BT: torch.Tensor | None = None
     entropy_BT: torch.Tensor | None = None
     sampler_logprobs_BT: torch.Tensor | None = None  # rollout engine's logprobs; needed for TIS
@@ -89,13 +92,13 @@ PPOClipSettings = PolicyLossSettings  # the name the loop imported first; same s
 
 def _token_mean(values_BT: torch.Tensor, x: LossInputs) -> torch.Tensor:
     """DAPO: sum over all tokens of the step / tokens in the step; long answers weigh more."""
-    return (values_BT * x.mask_BT).sum() / max(x.num_tokens_total, 1.0)
+    return (values_BT * x.mask_BT).sum() / at_least_one(x.num_tokens_total)
 
 
 def _seq_mean_token_mean(values_BT: torch.Tensor, x: LossInputs) -> torch.Tensor:
     """GRPO: mean over each sequence's own tokens, then mean over the step's sequences."""
     per_seq_B = (values_BT * x.mask_BT).sum(-1) / x.mask_BT.sum(-1).clamp(min=1.0)
-    return per_seq_B.sum() / max(x.num_seqs_total, 1.0)
+    return per_seq_B.sum() / at_least_one(x.num_seqs_total)
 
 
 def _seq_mean_token_sum_norm(values_BT: torch.Tensor, x: LossInputs) -> torch.Tensor:
@@ -106,12 +109,12 @@ def _seq_mean_token_sum_norm(values_BT: torch.Tensor, x: LossInputs) -> torch.Te
             "seq_mean_token_sum_norm needs LossInputs.token_sum_norm > 0: set it to the "
             "generation budget (rollout.max_new_tokens), as Dr. GRPO does"
         )
-    return (values_BT * x.mask_BT).sum() / (x.token_sum_norm * max(x.num_seqs_total, 1.0))
+    return (values_BT * x.mask_BT).sum() / (x.token_sum_norm * at_least_one(x.num_seqs_total))
 
 
 def _seq_mean_token_sum(values_BT: torch.Tensor, x: LossInputs) -> torch.Tensor:
     """RLOO: the completion is one action, log pi(y) = sum_t log pi(y_t); mean over sequences."""
-    return (values_BT * x.mask_BT).sum() / max(x.num_seqs_total, 1.0)
+    return (values_BT * x.mask_BT).sum() / at_least_one(x.num_seqs_total)
 
 
 def _token_sum(values_BT: torch.Tensor, x: LossInputs) -> torch.Tensor:
@@ -201,9 +204,9 @@ def gspo_loss(x: LossInputs, s: PolicyLossSettings) -> tuple[torch.Tensor, dict[
     with torch.no_grad():
         has_tokens_B = mask_BT.sum(-1) > 0
         is_clipped_B = ((clipped_BT < unclipped_BT) & (mask_BT > 0)).any(-1) & has_tokens_B
-        metrics["clip_frac"] = is_clipped_B.to(mask_BT.dtype).sum() / max(x.num_seqs_total, 1.0)
-        metrics["seq_ratio_mean"] = (seq_log_ratio_B.exp() * has_tokens_B).sum() / max(
-            x.num_seqs_total, 1.0
+        metrics["clip_frac"] = is_clipped_B.to(mask_BT.dtype).sum() / at_least_one(x.num_seqs_total)
+        metrics["seq_ratio_mean"] = (seq_log_ratio_B.exp() * has_tokens_B).sum() / at_least_one(
+            x.num_seqs_total
         )
     return _finish(token_loss_BT, x, s, metrics)
 

@@ -31,6 +31,7 @@ from typing import Literal
 
 import torch
 
+from reinforge.algorithms.counts import at_least_one
 from reinforge.algorithms.kl import kl_estimate
 
 MismatchLevel = Literal["token", "sequence"]
@@ -71,14 +72,14 @@ def mismatch_kl(
     sampler_logprobs_BT: torch.Tensor,
     trainer_logprobs_BT: torch.Tensor,
     mask_BT: torch.Tensor,
-    num_tokens_total: float | None = None,
+    num_tokens_total: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """KL(sampler || trainer) per token by k3 (tokens were drawn by the sampler, so the sampler is
     the first argument), averaged over the mask. Pass the step's `num_tokens_total` when summing
     the metric over micro-batches; by default the micro-batch's own token count is used."""
     kl_BT = kl_estimate(sampler_logprobs_BT, trainer_logprobs_BT.detach(), "k3")
     denominator = float(mask_BT.sum()) if num_tokens_total is None else num_tokens_total
-    return (kl_BT * mask_BT).sum() / max(denominator, 1.0)
+    return (kl_BT * mask_BT).sum() / at_least_one(denominator)
 
 
 @torch.no_grad()
@@ -102,14 +103,14 @@ def mismatch_weights(
     sampler_logprobs_BT: torch.Tensor,
     mask_BT: torch.Tensor,
     c: MismatchCorrection,
-    num_tokens_total: float,
+    num_tokens_total: float | torch.Tensor,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The correction weight [B, T] of each token's policy-gradient term, and its metrics: token
     means over the step (`num_tokens_total`, so they add up over micro-batches) of the weight
     (`tis_weight_mean`), of the share masked (`mis_masked_frac`) and of the token ratio
     (`is_ratio_mean`), and the token ratio's extremes over the micro-batch (`is_ratio_min`,
     `is_ratio_max`: the loop takes the min and max over micro-batches)."""
-    denominator = max(num_tokens_total, 1.0)
+    denominator = at_least_one(num_tokens_total)
     weight_BT = torch.ones_like(mask_BT)
     if c.tis_cap is not None:
         tis_rho_BT = importance_ratios(old_logprobs_BT, sampler_logprobs_BT, mask_BT, c.tis_level)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from reinforge.algorithms.counts import at_least_one
+
 
 class ValueHead(nn.Module):
     """hidden states [B, T, H] -> values [B, T]. Zero-initialised: V = 0 at the start, so the first
@@ -52,10 +54,12 @@ def clipped_value_loss(
             # the clamp itself decides: rebuilding V_old + clamp(V - V_old) and comparing its
             # error with V's would count unclipped tokens where float32 rounding differs
             is_clipped_BT = ((clamped_BT != delta_BT) & (clipped_error_BT > error_BT)).float()
-            metrics["value_clip_frac"] = (is_clipped_BT * mask_BT).sum() / max(num_tokens_total, 1)
+            metrics["value_clip_frac"] = (is_clipped_BT * mask_BT).sum() / at_least_one(
+                num_tokens_total
+            )
         error_BT = torch.maximum(error_BT, clipped_error_BT)
-    loss = 0.5 * (error_BT * mask_BT).sum() / max(num_tokens_total, 1.0)
+    loss = 0.5 * (error_BT * mask_BT).sum() / at_least_one(num_tokens_total)
     with torch.no_grad():
         metrics["value_loss"] = loss.detach()
-        metrics["value_mean"] = (values_BT * mask_BT).sum() / max(num_tokens_total, 1.0)
+        metrics["value_mean"] = (values_BT * mask_BT).sum() / at_least_one(num_tokens_total)
     return loss, metrics

@@ -45,6 +45,7 @@ from collections.abc import Sequence
 
 import torch
 
+from reinforge.algorithms.counts import at_least_one
 from reinforge.algorithms.losses import MAX_LOG_RATIO, LossInputs, PolicyLossSettings
 from reinforge.distributed import gather_objects
 from reinforge.eval import EvalResult, evaluate
@@ -93,7 +94,7 @@ def clip_fractions(x: LossInputs, s: PolicyLossSettings) -> dict[str, torch.Tens
         adv_BT = adv[:, None].expand_as(x.mask_BT) if adv.dim() == 1 else adv
         low_BT = (adv_BT < 0) & (ratio_BT < 1.0 - s.clip_low)
         high_BT = (adv_BT > 0) & (ratio_BT > 1.0 + s.clip_high)
-        total = max(x.num_tokens_total, 1.0)
+        total = at_least_one(x.num_tokens_total)
         return {
             "clip_low_frac": (low_BT * x.mask_BT).sum() / total,
             "clip_high_frac": (high_BT * x.mask_BT).sum() / total,

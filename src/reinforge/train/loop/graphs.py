@@ -6,16 +6,21 @@ there, against 81 ms for 7,936 tokens replayed from a graph (bench/RESULTS.md, s
 small micro-batches cost no speed, so they can save memory, and the update takes the same time on
 a slow host as on a fast one.
 
-How, within one optimizer step (graphs are built per step and freed at its end: the memory they
-hold goes back to generation, and the step's constants, its token and sequence counts, may be
-baked into the graph):
+How:
 
-1. The step's micro-batches of similar size (at least `SIMILAR` of the largest) are padded to one
-   shape (`train.packing.static`); a smaller one runs as before.
-2. The first of them runs eagerly, padded: it compiles what the shape needs and allocates every
-   parameter's `.grad` outside the graph's memory, so the graph's backward adds into those.
-3. The second is captured (`micro_compute`, forward, loss and backward) and replayed; the rest
-   copy their inputs into the captured tensors and replay. Metrics are cloned out after each.
+1. A step's micro-batches of similar size (at least `SIMILAR` of the graph's tokens) are padded to
+   one shape (`train.packing.static`); a smaller one runs as before.
+2. A new graph's first micro-batch runs eagerly, padded: it compiles what the shape needs and
+   allocates every parameter's `.grad` outside the graph's memory, so the graph's backward adds
+   into those. The second is captured (`micro_compute`: forward, loss and backward) and
+   replayed; the rest copy their inputs into the captured tensors and replay. Metrics are cloned
+   out after each. The capture skips `torch.cuda.graph`'s synchronization and `empty_cache`
+   (which made every later allocation of the step a fresh `cudaMalloc`).
+3. Mode "step" captures per step and frees the graph at its end (nothing held while generating).
+   Mode "run" keeps it: its shape has headroom (`roomy`), the step's counts are device tensors
+   the graph reads (`MicroData.counts`), and the gradients stay allocated between steps (zeroed,
+   not freed: the graph adds into their addresses), so later steps only replay. A step whose
+   micro-batches outgrow the shape builds a new graph.
 
 Not for: several processes (their collectives), a value head, mixture-of-experts models, an FSDP
 packed forward; there, and on a CPU, the update runs as before. A capture that fails prints why
@@ -24,8 +29,10 @@ once and the run goes on without graphs.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 
@@ -33,16 +40,27 @@ from reinforge.distributed import is_distributed
 from reinforge.metrics import console
 from reinforge.sharding import PACKED_FORWARD
 from reinforge.train.packing import PackedBatch
-from reinforge.train.packing.static import PackedShape, common_shape
+from reinforge.train.packing.static import PackedShape, common_shape, fits
 
-SIMILAR = 0.75  # micro-batches with at least this share of the largest one's tokens are replayed
-MIN_REPLAYED = 3  # the first runs eagerly, the second is captured: replays pay from the third
+SIMILAR = 0.75  # micro-batches with at least this share of the graph's tokens are replayed
+MIN_REPLAYED = 3  # a step's graph: the first runs eagerly, the second is captured, then replays
+HEADROOM = 1.25  # a kept graph's room over the step that built it (segments, rows, keys)
+TARGETS_HEADROOM = 1.1  # ... and in targets: each padded target costs an LM-head row
+TIMES_ENV = "REINFORGE_GRAPH_TIMES"  # set to 1: each step prints its graph phases' times
+
+
+def graph_mode(cfg) -> str | None:
+    """ "run" (one graph kept across steps), "step" (one per step) or None (`train.cuda_graphs`)."""
+    value = cfg.train.cuda_graphs
+    if value is True:
+        return "run"
+    return value or None
 
 
 def graph_blocker(cfg, learner) -> str | None:
     """Why this run's update is not replayed from graphs (None: it may be)."""
     model = learner.policy.model
-    if not cfg.train.cuda_graphs:
+    if graph_mode(cfg) is None:
         return "train.cuda_graphs = false"
     if not next(model.parameters()).is_cuda:
         return "not on CUDA"
@@ -62,47 +80,49 @@ def graph_blocker(cfg, learner) -> str | None:
     return None
 
 
-def replayed(packed: list[PackedBatch]) -> list[int]:
-    """Which of the step's micro-batches (positions in `packed`) share the graph."""
-    largest = max(b.num_tokens for b in packed)
-    chosen = [i for i, b in enumerate(packed) if b.num_tokens >= SIMILAR * largest]
-    return chosen if len(chosen) >= MIN_REPLAYED else []
+def similar(packed: list[PackedBatch], tokens: int) -> list[int]:
+    """The micro-batches (positions in `packed`) a graph of `tokens` tokens replays."""
+    return [i for i, b in enumerate(packed) if SIMILAR * tokens <= b.num_tokens <= tokens]
 
 
 @dataclass
-class StepGraph:
-    """One step's graph over `micro_compute`, fed through fixed input tensors."""
+class UpdateGraph:
+    """A graph over `micro_compute` for one padded shape, fed through fixed input tensors."""
 
     compute: Callable[[object], dict[str, torch.Tensor]]
     shape: PackedShape
-    static: object | None = None  # the MicroData the graph reads (the first replayed one's)
+    kept: bool = False  # mode "run": lives across steps
+    static: object | None = None  # the MicroData the graph reads (the first micro-batch's)
     graph: torch.cuda.CUDAGraph | None = None
     outputs: dict[str, torch.Tensor] | None = None
     on_failure: Callable[[], None] | None = None
     capture: bool = True  # False: every run eager through the fixed inputs (the CPU tests' path)
-    members: frozenset[int] = frozenset()  # the micro-batches (step positions) it runs
-
-    @classmethod
-    def for_step(cls, compute, packed: list[PackedBatch], chosen: list[int], on_failure, capture):
-        shape = common_shape([packed[i] for i in chosen])
-        return cls(
-            compute, shape, on_failure=on_failure, capture=capture, members=frozenset(chosen)
-        )
+    times: dict[str, list[float]] = field(default_factory=dict)  # TIMES_ENV's report
 
     def run(self, data) -> dict[str, torch.Tensor]:
         """Micro-batch `data` (padded to `shape`, on the device): eagerly the first time, then
         captured, then replayed."""
+        timed = os.environ.get(TIMES_ENV) == "1" and self.capture
+        if timed:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+        phase, out = self._run(data)
+        if timed:
+            torch.cuda.synchronize()
+            self.times.setdefault(phase, []).append(1000 * (time.perf_counter() - start))
+        return out
+
+    def _run(self, data) -> tuple[str, dict[str, torch.Tensor]]:
         if self.static is None:
             self.static = data
-            return self.compute(data)
+            return "eager", self.compute(data)
         _copy_into(self.static, data)
         if not self.capture:
-            return self.compute(self.static)
+            return "eager", self.compute(self.static)
         if self.graph is None:
             try:
                 self.graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self.graph):
-                    self.outputs = self.compute(self.static)
+                self.outputs = _capture(self.graph, self.compute, self.static)
             except Exception as e:  # any capture failure falls back, loudly
                 self.graph = self.outputs = None
                 console.print(
@@ -113,13 +133,81 @@ class StepGraph:
                 if self.on_failure is not None:
                     self.on_failure()
                 self.capture = False  # the rest of this step as launched
-                return self.compute(self.static)
+                return "eager", self.compute(self.static)
+            phase = "capture"
+        else:
+            phase = "replay"
         self.graph.replay()
         assert self.outputs is not None
-        return {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.outputs.items()}
+        metrics = {
+            k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in self.outputs.items()
+        }
+        return phase, metrics
+
+    def report(self) -> None:
+        """The step's phases (TIMES_ENV): milliseconds, synchronized around each micro-batch."""
+        if self.times:
+            parts = [
+                f"{k} {len(v)} x {sum(v) / len(v):.1f} ms" for k, v in sorted(self.times.items())
+            ]
+            console.print(f"update graph ({self.shape.tokens} tokens): " + ", ".join(parts))
+            self.times = {}
 
     def close(self) -> None:
         self.graph = self.outputs = self.static = None
+
+
+def _capture(graph: torch.cuda.CUDAGraph, compute, static) -> dict[str, torch.Tensor]:
+    """`compute(static)` captured into `graph` on a side stream, its memory in the graph's own
+    pool; unlike `torch.cuda.graph`, without a device synchronization and `empty_cache` first."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph.capture_begin()
+        try:
+            outputs = compute(static)
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
+    return outputs
+
+
+def step_graph(
+    learner, mode: str, packed: list[PackedBatch], compute, capture: bool
+) -> tuple[UpdateGraph | None, frozenset[int]]:
+    """The graph this step replays, and which of its micro-batches: mode "run" reuses the kept
+    graph where the step's micro-batches fit its shape, else builds one (kept on the learner)."""
+    kept: UpdateGraph | None = getattr(learner, "update_graph", None)
+    if kept is not None:
+        members = similar(packed, kept.shape.tokens)
+        if mode == "run" and members and all(fits(packed[i], kept.shape) for i in members):
+            return kept, frozenset(members)
+        kept.close()
+        learner.update_graph = None
+    largest = max(b.num_tokens for b in packed)
+    members = similar(packed, largest)
+    if len(members) < (2 if mode == "run" else MIN_REPLAYED):
+        return None, frozenset()
+    chosen = [packed[i] for i in members]
+    if mode == "run":  # room for the next steps' micro-batches
+        shape = common_shape(chosen, room=HEADROOM, targets_room=TARGETS_HEADROOM)
+    else:
+        shape = common_shape(chosen)
+
+    def failed() -> None:
+        learner.graphs_failed = True
+        learner.update_graph = None
+
+    graph = UpdateGraph(
+        compute,
+        shape,
+        kept=mode == "run",
+        on_failure=failed,
+        capture=capture,
+    )
+    if graph.kept:
+        learner.update_graph = graph
+    return graph, frozenset(members)
 
 
 def _copy_into(static, data) -> None:

@@ -48,6 +48,7 @@ class Learner:
     questions_seen: set[int] = field(default_factory=set)
     graphs_failed: bool = False  # a CUDA graph capture of the update failed (train.loop.graphs)
     graphs_noted: bool = False  # the run was told why train.cuda_graphs has no effect
+    update_graph: object | None = None  # train.cuda_graphs = "run": the kept UpdateGraph
 
     def checkpoint_state(self) -> dict:
         """What resume needs beyond the model, optimizer and RNG."""

@@ -28,7 +28,7 @@ from reinforge.metrics import console
 from reinforge.sharding import accumulation, clip_grad_norm, in_lockstep
 from reinforge.train.loop.advantage_step import StepBatch
 from reinforge.train.loop.diagnostics import clip_fractions, measure_policy_change
-from reinforge.train.loop.graphs import StepGraph, graph_blocker, replayed
+from reinforge.train.loop.graphs import UpdateGraph, graph_blocker, graph_mode, step_graph
 from reinforge.train.loop.learner import Learner
 from reinforge.train.packing import PackedBatch, pack_one, to_device
 from reinforge.train.packing.forward import completion_sequences, micro_batches, packed_rows
@@ -44,8 +44,7 @@ from reinforge.train.policy.value import head_values
 
 
 def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[str, float]:
-    optimizer = learner.optimizer
-    optimizer.zero_grad(set_to_none=True)
+    zero_grads(learner)
     model = learner.policy.model
     memory = learner.policy.setup.memory  # the run's plan (`train.planner.memory`)
     batches = micro_batches(
@@ -61,13 +60,17 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
     # (G1's profile, session 15: 72 of the update's 220 synchronizations).
     on_device: dict[str, torch.Tensor | float] = {}
     packed = [pack_micro_batch(cfg, batch, idx) for idx in batches]
-    graph = step_graph(cfg, learner, batch, batches, packed)
     device = next(model.parameters()).device
+    graph, members = update_graph(cfg, learner, packed)
+    counts = None
+    if graph is not None:  # the step's counts as the graph reads them: on the device
+        counts = torch.tensor([batch.num_tokens, batch.num_seqs], dtype=torch.float32)
+        counts = counts.to(device, non_blocking=True)
     with accumulation(model, unsharded) as before:
         for i, idx in enumerate(batches):
             before(last=i == len(batches) - 1)
-            if graph is not None and i in graph.members:
-                data = micro_data(batch, idx, packed[i], device, graph.shape)
+            if graph is not None and i in members:
+                data = micro_data(batch, idx, packed[i], device, graph.shape, counts)
                 step_metrics = graph.run(data)
             else:
                 data = micro_data(batch, idx, packed[i], device)
@@ -75,7 +78,9 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
             for key, value in step_metrics.items():
                 on_device[key] = combine(key, on_device.get(key), _detached(value))
     if graph is not None:
-        graph.close()
+        graph.report()
+        if not graph.kept:
+            graph.close()
     totals = to_floats(on_device)
     # each rank's terms are divided by the global counts: over the ranks they add up
     extremes = {k for k in totals if k.endswith(("_min", "_max"))}
@@ -91,28 +96,30 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
     return totals
 
 
-def step_graph(
-    cfg: TrainConfig, learner: Learner, batch: StepBatch, batches, packed
-) -> StepGraph | None:
-    """The step's CUDA graph over its similar micro-batches (`train.loop.graphs`), or None."""
+def update_graph(
+    cfg: TrainConfig, learner: Learner, packed: list[PackedBatch]
+) -> tuple[UpdateGraph | None, frozenset[int]]:
+    """The CUDA graph this step replays (`train.loop.graphs`) and which micro-batches, or None."""
     blocker = graph_blocker(cfg, learner)
     if blocker is not None:
         if cfg.train.cuda_graphs and not learner.graphs_failed and not learner.graphs_noted:
-            console.print(f"[yellow]train.cuda_graphs = true has no effect here: {blocker}[/]")
+            value = str(cfg.train.cuda_graphs).lower()
+            console.print(f"[yellow]train.cuda_graphs = {value} has no effect here: {blocker}[/]")
             learner.graphs_noted = True
-        return None
-    chosen = replayed(packed)
-    if not chosen:
-        return None
+        return None, frozenset()
+    mode = graph_mode(cfg)
+    assert mode is not None
 
     def compute(data: MicroData) -> dict[str, torch.Tensor]:
-        return micro_compute(cfg, learner, batch, -1, data)  # (-1: MoE only, not replayed)
-
-    def failed() -> None:
-        learner.graphs_failed = True
+        return micro_compute(cfg, learner, None, -1, data)  # (no batch: the counts are tensors)
 
     capture = next(learner.policy.model.parameters()).is_cuda
-    return StepGraph.for_step(compute, packed, chosen, failed, capture)
+    return step_graph(learner, mode, packed, compute, capture)
+
+
+def zero_grads(learner: Learner) -> None:
+    """Gradients to zero; freed unless a kept CUDA graph adds into their addresses (mode "run")."""
+    learner.optimizer.zero_grad(set_to_none=learner.update_graph is None)
 
 
 def combine(key: str, total, value):
@@ -156,6 +163,7 @@ class MicroData:
     """One micro-batch's inputs on the device: the packed row and its rows of step data."""
 
     packed: PackedBatch
+    counts: torch.Tensor | None  # [2] the step's tokens and sequences (graphs: read on device)
     mask_ST: torch.Tensor
     sampler_ST: torch.Tensor | None
     advantages: torch.Tensor  # [S] per sequence, or [S, T] per token
@@ -180,8 +188,10 @@ def micro_data(
     packed: PackedBatch,
     device,
     shape: PackedShape | None = None,
+    counts: torch.Tensor | None = None,
 ) -> MicroData:
-    """`packed` (micro-batch `idx`) and its step data on `device`; padded to `shape` if given."""
+    """`packed` (micro-batch `idx`) and its step data on `device`; padded to `shape` if given;
+    `counts`: the step's counts on the device (a graph's inputs, `micro_compute`)."""
     width = packed.rows_index_ST.shape[1]
 
     def take(step_BT: torch.Tensor | None) -> torch.Tensor | None:
@@ -201,17 +211,23 @@ def micro_data(
         packed = pad_packed(packed, shape)
         rows = {k: pad_rows(v, shape) for k, v in rows.items()}
     moved = {k: None if v is None else to_device(v, device) for k, v in rows.items()}
-    return MicroData(packed.to(device), **moved)
+    return MicroData(packed.to(device), counts, **moved)
 
 
 def micro_compute(
-    cfg: TrainConfig, learner: Learner, batch: StepBatch, num_seqs: int, data: MicroData
+    cfg: TrainConfig, learner: Learner, batch: StepBatch | None, num_seqs: int, data: MicroData
 ) -> dict[str, torch.Tensor]:
     """Forward, loss and backward of one micro-batch whose inputs are on the device (`micro_data`);
     returns its share of the step's metrics. A CUDA graph captures this call
-    (`train.loop.graphs`), so it reads nothing from the host but the step's constants; `num_seqs`
-    (the micro-batch's sequences) weighs the MoE router's loss only."""
+    (`train.loop.graphs`), so it reads nothing from the host but the run's constants: the step's
+    counts come as device tensors (`data.counts`, and no `batch`). `num_seqs` (the micro-batch's
+    sequences) weighs the MoE router's loss only."""
     a, algorithm = cfg.algorithm, learner.algorithm
+    if data.counts is not None:
+        num_tokens, num_step_seqs = data.counts[0], data.counts[1]
+    else:
+        assert batch is not None, "a micro-batch without device counts reads the batch's"
+        num_tokens, num_step_seqs = batch.num_tokens, batch.num_seqs
     begin_micro_batch(learner.policy.model, a.router_aux_coef)
     rows = packed_rows(
         learner.policy.model,
@@ -225,8 +241,8 @@ def micro_compute(
         old_logprobs_BT=rows.logprobs_ST.detach() if a.old_logprobs == "trainer" else sampler_ST,
         advantages_B=data.advantages,
         mask_BT=mask_ST,
-        num_tokens_total=batch.num_tokens,
-        num_seqs_total=batch.num_seqs,
+        num_tokens_total=num_tokens,
+        num_seqs_total=num_step_seqs,
         ref_logprobs_BT=data.ref_ST,
         entropy_BT=rows.entropy_ST,
         sampler_logprobs_BT=sampler_ST,
@@ -241,19 +257,20 @@ def micro_compute(
             data.old_values_ST,
             data.returns_ST,
             mask_ST,
-            batch.num_tokens,
+            num_tokens,
             a.value_clip or None,
         )
         loss = loss + value_loss  # the head reads detached hidden states: separate gradients
         metrics.update(value_metrics)
     aux = router_aux_loss(learner.policy.model, a.router_aux_coef)
     if aux is not None:  # per micro-batch, weighted by its share of the step's sequences
+        assert batch is not None, "mixture-of-experts models are not replayed from graphs"
         aux = aux * (num_seqs / len(batch.completions))
         loss = loss + aux
         metrics["router_aux_loss"] = aux.detach()
     metrics.update(replay_metrics(learner.policy.model))  # before the backward's recompute
     (loss * loss_scale()).backward()
-    metrics["kl_sampler"] = mismatch_kl(sampler_ST, rows.logprobs_ST, mask_ST, batch.num_tokens)
+    metrics["kl_sampler"] = mismatch_kl(sampler_ST, rows.logprobs_ST, mask_ST, num_tokens)
     return metrics
 
 
@@ -280,6 +297,6 @@ def optimizer_step(cfg: TrainConfig, learner: Learner) -> dict[str, float]:
     if is_finite and has_gradient:
         learner.optimizer.step()
     metrics["nonfinite_skipped"] = 0.0 if is_finite else 1.0  # parameters untouched
-    learner.optimizer.zero_grad(set_to_none=True)
+    zero_grads(learner)
     advance_schedule(learner.scheduler)
     return metrics

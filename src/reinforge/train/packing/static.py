@@ -7,23 +7,26 @@ longest segment's query and key counts that the varlen kernel takes as integers.
 takes the largest of each over the step's micro-batches; `pad_packed` brings one micro-batch to
 it without changing any real token's logprob or gradient:
 
-- the row is extended by pad tokens (id 0, position 0), **each its own one-token segment**
-  (attending only to itself), so every position of the row lies in a segment: a position outside
-  every segment is never written by the kernel and could hold NaN, and NaN times a zero gradient
-  is still NaN in the weights' gradients;
-- the segment offsets are then repeated up to G: empty segments, which no kernel reads (with
-  shared prompts the first of them holds the key stream's spare entries, with no queries);
+- the row is extended by pad tokens (id 0, position 0) in segments of their own, none longer
+  than the longest real one (`pad_chunk`: the kernel's bound), so every position of the row lies
+  in a segment: a position outside every segment is never written by the kernel and could hold
+  NaN, and NaN times a zero gradient is still NaN in the weights' gradients;
+- with shared prompts, keys past the pad tokens' own (the shape's key stream is longer) fill
+  segments of their own with no queries, none longer than `pad_chunk`;
+- the segment offsets are then repeated up to G: empty segments, which no kernel reads;
 - targets past the real ones predict token 0 from the last row position; no row points at them
   and their loss mask is 0;
 - rows past the real sequences, and columns past each micro-batch's longest completion, are
   invalid (mask 0) and read target 0.
 
 The padded tokens cost compute: `common_shape` is taken over micro-batches of similar size (the
-trainer runs a much smaller last one as it is).
+trainer runs a much smaller last one as it is). A graph kept across steps takes it with room
+(`room`), and a later micro-batch replays it where it `fits`.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -45,24 +48,71 @@ class PackedShape:
     shared: bool  # a key index (shared prompts) in some micro-batch
 
 
-def common_shape(batches: Sequence[PackedBatch]) -> PackedShape:
-    """The smallest shape every one of `batches` pads to."""
+def common_shape(
+    batches: Sequence[PackedBatch],
+    tokens: int | None = None,
+    room: float = 1.0,
+    targets_room: float = 1.0,
+) -> PackedShape:
+    """The smallest shape every one of `batches` pads to (to `tokens` tokens where given); with
+    `room` > 1, that much more of each bound but the tokens (`targets_room` for the targets, at
+    most one per token): a shape later micro-batches may fit too (`fits`)."""
     assert batches, "no micro-batches"
     assert all(b.routes_TNK is None for b in batches), "recorded routes are not padded"
-    tokens = max(b.num_tokens for b in batches)
+    largest = max(b.num_tokens for b in batches)
+    assert tokens is None or tokens >= largest, (tokens, largest)
+    tokens = largest if tokens is None else tokens
+
+    def grow(n: int, factor: float = room) -> int:
+        return max(n, math.ceil(n * factor))
+
     shared = any(b.key_index_J is not None for b in batches)
-    return PackedShape(
+    max_segment = grow(max(max(b.max_segment for b in batches), 1))
+    max_keys = grow(max(max(b.max_keys for b in batches), 1))
+    keys = grow(max(_num_keys(b) + tokens - b.num_tokens for b in batches)) if shared else 0
+    shape = PackedShape(
         tokens=tokens,
-        # one more where the key stream has spare keys (`pad_packed`)
-        segments=max(_num_segments(b) + tokens - b.num_tokens for b in batches) + shared,
-        keys=max(_num_keys(b) + tokens - b.num_tokens for b in batches) if shared else 0,
-        targets=max(int(b.targets_K.numel()) for b in batches),
-        seqs=max(int(b.rows_index_ST.shape[0]) for b in batches),
-        width=max(int(b.rows_index_ST.shape[1]) for b in batches),
-        max_segment=max(max(b.max_segment for b in batches), 1),
-        max_keys=max(max(b.max_keys for b in batches), 1),
+        segments=0,
+        keys=keys,
+        targets=min(tokens, grow(max(int(b.targets_K.numel()) for b in batches), targets_room)),
+        seqs=grow(max(int(b.rows_index_ST.shape[0]) for b in batches)),
+        width=grow(max(int(b.rows_index_ST.shape[1]) for b in batches)),
+        max_segment=max_segment,
+        max_keys=max_keys,
         shared=shared,
     )
+    return replace(shape, segments=grow(max(_segments_needed(b, shape) for b in batches)))
+
+
+def fits(b: PackedBatch, shape: PackedShape) -> bool:
+    """Whether `b` pads to `shape` (`pad_packed`)."""
+    shared = b.key_index_J is not None
+    return (
+        b.routes_TNK is None
+        and b.num_tokens <= shape.tokens
+        and (shape.shared or not shared)
+        and (not shape.shared or _num_keys(b) + shape.tokens - b.num_tokens <= shape.keys)
+        and int(b.targets_K.numel()) <= shape.targets
+        and int(b.rows_index_ST.shape[0]) <= shape.seqs
+        and int(b.rows_index_ST.shape[1]) <= shape.width
+        and b.max_segment <= shape.max_segment
+        and b.max_keys <= shape.max_keys
+        and _segments_needed(b, shape) <= shape.segments
+    )
+
+
+def pad_chunk(shape: PackedShape) -> int:
+    """The longest segment of pad tokens or spare keys: within the kernel's bounds on queries
+    and keys."""
+    return min(shape.max_segment, shape.max_keys) if shape.shared else shape.max_segment
+
+
+def _segments_needed(b: PackedBatch, shape: PackedShape) -> int:
+    """`b`'s segments padded to `shape`: its own, the pad tokens' and the spare keys' (`pad_packed`)."""
+    chunk = pad_chunk(shape)
+    pad = shape.tokens - b.num_tokens
+    spare = shape.keys - _num_keys(b) - pad if shape.shared else 0
+    return _num_segments(b) + -(-pad // chunk) + -(-spare // chunk)
 
 
 def _num_segments(b: PackedBatch) -> int:
@@ -77,14 +127,21 @@ def _cat(x: torch.Tensor, *tails: torch.Tensor) -> torch.Tensor:
     return torch.cat([x, *(t.to(x.dtype) for t in tails)])
 
 
-def _offsets(cu_G1: torch.Tensor, end: int, pad: int, spare: int, segments: int) -> torch.Tensor:
-    """Offsets `cu_G1` (ending at `end`), then `pad` one-long segments, then (`spare` > 0) one
-    segment of that length, then empty ones up to `segments`."""
-    ones = end + torch.arange(1, pad + 1)
-    last = torch.tensor([end + pad + spare] if spare else [], dtype=torch.long)
-    filled = cu_G1.numel() + pad + last.numel()
+def _offsets(
+    cu_G1: torch.Tensor, end: int, pad: int, spare: int, segments: int, chunk: int
+) -> torch.Tensor:
+    """Offsets `cu_G1` (ending at `end`), then `pad` tokens and then `spare` keys in segments of at
+    most `chunk`, then empty ones up to `segments`."""
+
+    def chunks(start: int, n: int) -> torch.Tensor:
+        return start + torch.arange(chunk, n + chunk, chunk).clamp(max=n)
+
+    pads = chunks(end, pad)
+    spares = chunks(end + pad, spare)
+    filled = cu_G1.numel() + pads.numel() + spares.numel()
+    assert filled <= segments + 1, (filled, segments)
     empty = torch.full((segments + 1 - filled,), end + pad + spare)
-    return _cat(cu_G1, ones, last, empty)
+    return _cat(cu_G1, pads, spares, empty)
 
 
 def pad_packed(b: PackedBatch, shape: PackedShape) -> PackedBatch:
@@ -93,16 +150,17 @@ def pad_packed(b: PackedBatch, shape: PackedShape) -> PackedBatch:
     length, pad = b.num_tokens, shape.tokens - b.num_tokens
     assert pad >= 0 and b.routes_TNK is None
     zeros = torch.zeros(pad, dtype=torch.long)
+    chunk = pad_chunk(shape)
     key_index_J = cu_keys_G1 = None
     spare = 0
     if shape.shared:
         own_J = b.key_index_J if b.key_index_J is not None else torch.arange(length)
         own_cu = b.cu_keys_G1 if b.cu_keys_G1 is not None else b.cu_segments_G1
-        # keys past the pad tokens' own: a segment with no queries holds them (every key of
-        # the stream then belongs to a segment, as the padded kernel expects)
+        # keys past the pad tokens' own: segments with no queries hold them (every key of the
+        # stream then belongs to a segment, as the padded kernel expects)
         spare = shape.keys - own_J.numel() - pad
         key_index_J = _cat(own_J, torch.arange(length, shape.tokens), torch.zeros(spare))
-        cu_keys_G1 = _offsets(own_cu, int(own_J.numel()), pad, spare, shape.segments)
+        cu_keys_G1 = _offsets(own_cu, int(own_J.numel()), pad, spare, shape.segments, chunk)
     num_targets = int(b.targets_K.numel())
     extra = shape.targets - num_targets
     seqs, width = b.rows_index_ST.shape
@@ -121,8 +179,8 @@ def pad_packed(b: PackedBatch, shape: PackedShape) -> PackedBatch:
         b,
         input_ids_L=_cat(b.input_ids_L, zeros),
         position_ids_L=_cat(b.position_ids_L, zeros),
-        # (its first empty segment is the spare keys' one: no queries)
-        cu_segments_G1=_offsets(b.cu_segments_G1, length, pad, 0, shape.segments),
+        # (its first empty segments are the spare keys': no queries)
+        cu_segments_G1=_offsets(b.cu_segments_G1, length, pad, 0, shape.segments, chunk),
         max_segment=shape.max_segment,
         target_positions_K=_cat(b.target_positions_K, torch.full((extra,), shape.tokens - 1)),
         targets_K=pad_k(b.targets_K),
