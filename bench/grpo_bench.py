@@ -278,10 +278,10 @@ def run_workload(name: str, a, num_gpus: int, out: Path, results: dict) -> None:
         (out / "grpo_bench.json").write_text(json.dumps(results, indent=1))
         print(name, layout.label, json.dumps(r), flush=True)
         print(HEADER.splitlines()[0] + "\n" + table_row(name, layout.label, r), flush=True)
-        if a.also and layout.nproc == 1:
-            variant = run_reinforge(name, w, a.steps, out, 0, a.also.split(), None, a.run_timeout)
-            runs[f"1 GPU, {a.also}"] = variant
-            print(name, "reinforge", a.also, json.dumps(variant), flush=True)
+        for also in a.also if layout.nproc == 1 else []:
+            variant = run_reinforge(name, w, a.steps, out, 0, also.split(), None, a.run_timeout)
+            runs[f"1 GPU, {also}"] = variant
+            print(name, "reinforge", also, json.dumps(variant), flush=True)
     if w.get("peer_micro_batch") and not a.skip_peer:
         runs["peer"] = run_peer(name, w, a.peer_steps, out)
         print(name, "peer", json.dumps(runs["peer"]), flush=True)
@@ -298,8 +298,10 @@ def main() -> None:
     p.add_argument("--skip-peer", action="store_true")
     p.add_argument(
         "--also",
-        default="",
-        help="run reinforge on one GPU once more with these overrides, e.g. 'train.compile=true'",
+        action="append",
+        default=[],
+        help="run reinforge on one GPU once more with these overrides, e.g. 'train.compile=true' "
+        "(repeat it for several variants: one baseline, then each)",
     )
     p.add_argument(
         "--profile-step",
