@@ -142,6 +142,15 @@ def test_activation_estimate_bounds_what_a_layer_saves(lora_rank):
     assert saved <= estimate <= 1.3 * saved, (saved, estimate)
 
 
+def test_a_kept_update_graph_is_planned_where_it_fits_beside_generation():
+    """`train.cuda_graphs = "auto"` keeps the update's CUDA graph across steps only where the
+    gradients and one micro-batch's activations fit beside generation's KV pool and working set:
+    G1 on 80 GB, not a 7B LoRA run whose pool was shrunk to fit 24 GB."""
+    assert plan_memory(PlanInputs(free_bytes=FREE_80GB, model=M05, **G1)).keeps_update_graph
+    tight = plan_memory(PlanInputs(free_bytes=24 * GiB, model=M7, lora_rank=32, **G2))
+    assert not tight.keeps_update_graph
+
+
 def test_7b_lora_on_24gb_shrinks_the_kv_pool():
     plan = plan_memory(PlanInputs(free_bytes=24 * GiB, model=M7, lora_rank=32, **G2))
     assert plan.gradient_checkpointing

@@ -5,6 +5,8 @@ and its inputs copied into one fixed set of tensors, run eagerly; on CUDA, the c
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -170,7 +172,11 @@ def test_graphs_are_off_where_they_cannot_replay_and_the_run_says_why_once(tmp_p
     policy = make_policy(cfg)
     learner = make_learner(cfg, tmp_path, policy)
     assert graphs.graph_blocker(cfg, learner) == "not on CUDA"
-    assert graphs.graph_blocker(micro_step_config(), learner) == "train.cuda_graphs = false"
+    off = micro_step_config("train.cuda_graphs=false")
+    assert graphs.graph_blocker(off, learner) == "train.cuda_graphs = false"
+    # "auto" (the default) follows the memory plan: none here (a CPU), so off, and silently
+    assert graphs.graph_blocker(micro_step_config(), learner).startswith("auto: the memory plan")
+    assert graphs.graph_mode(micro_step_config(), learner.policy.setup.memory) is None
     tasks = DigitTasks(cfg.task)
     for seed in (1, 2):
         groups = rollout_groups(cfg, policy, tasks, [tasks.train_task(i) for i in range(4)], seed)
@@ -179,6 +185,11 @@ def test_graphs_are_off_where_they_cannot_replay_and_the_run_says_why_once(tmp_p
         update.update_policy(cfg, learner, batch)
     out = capsys.readouterr().out
     assert out.count("train.cuda_graphs = true has no effect here: not on CUDA") == 1, out
+    auto = micro_step_config("train.micro_batch_tokens=48")
+    update.update_policy(auto, make_learner(auto, tmp_path / "auto", policy), batch)
+    assert "cuda_graphs" not in capsys.readouterr().out
+    planned = replace(learner.policy.setup.memory, keeps_update_graph=True)
+    assert graphs.graph_mode(auto, planned) == "run"
 
 
 def cuda_policy(cfg, compiled: bool):

@@ -260,15 +260,17 @@ class TrainSection(Section):
     80 s to compile for a 10% faster update on the 0.5B shape; not on a CPU, where compiling
     costs a short run more than it saves). The first step pays the compile time. Measured on
     G1 (0.5B shape, full fine-tune, H100): the training phase 2.98 -> 2.15 s per step."""
-    cuda_graphs: bool | Literal["step", "run"] = False
+    cuda_graphs: bool | Literal["auto", "step", "run"] = "auto"
     """Replay the update's similar-sized micro-batches from one CUDA graph of their forward, loss
     and backward (a smaller last micro-batch runs as before): the update's host work gone, so
-    small micro-batches cost no speed. "step": captured per step and freed after it (each step
-    runs one micro-batch eagerly and captures the next); "run" (or true): one graph kept across
-    steps (only replays after the first; the gradients stay allocated while generating, and so
-    does the graph's memory, about one micro-batch's activations). One process, dense models
-    without a value head; elsewhere ignored. Measured for one G1 micro-batch on an H100: 7,936
-    tokens 145 ms as launched, 81 ms replayed (bench/RESULTS.md, s18g)."""
+    the update takes the same time on a slow host as on a fast one, and small micro-batches cost
+    no speed. "run" (or true): one graph kept across steps (only replays after the first step;
+    the gradients stay allocated while generating, and so does the graph's memory, about one
+    micro-batch's activations). "step": captured per step and freed after it (each step runs one
+    micro-batch eagerly and captures the next; nothing held while generating). "auto": "run"
+    where the memory plan has room for what it holds beside generation's KV pool, else off.
+    One process, dense models without a value head; elsewhere off. G1 on an H200: train 1.73 s
+    launched, 1.62 s with "run" (bench/RESULTS.md, s19c)."""
     non_finite: Literal["skip", "crash"] = "skip"
     """What a step whose gradient holds NaN or infinity does: "skip" (count it in the metric
     `nonfinite_skipped`, leave parameters and optimizer state untouched, go on; the run fails

@@ -49,9 +49,12 @@ TARGETS_HEADROOM = 1.1  # ... and in targets: each padded target costs an LM-hea
 TIMES_ENV = "REINFORGE_GRAPH_TIMES"  # set to 1: each step prints its graph phases' times
 
 
-def graph_mode(cfg) -> str | None:
-    """ "run" (one graph kept across steps), "step" (one per step) or None (`train.cuda_graphs`)."""
+def graph_mode(cfg, memory=None) -> str | None:
+    """The mode of `train.cuda_graphs`: "run" (one graph kept across steps), "step" (one per
+    step) or None; "auto" follows the memory plan (`memory`: the run's `MemoryChoice`)."""
     value = cfg.train.cuda_graphs
+    if value == "auto":
+        return "run" if getattr(memory, "keeps_update_graph", False) else None
     if value is True:
         return "run"
     return value or None
@@ -60,7 +63,9 @@ def graph_mode(cfg) -> str | None:
 def graph_blocker(cfg, learner) -> str | None:
     """Why this run's update is not replayed from graphs (None: it may be)."""
     model = learner.policy.model
-    if graph_mode(cfg) is None:
+    if graph_mode(cfg, learner.policy.setup.memory) is None:
+        if cfg.train.cuda_graphs == "auto":
+            return "auto: the memory plan has no room for a kept graph beside generation"
         return "train.cuda_graphs = false"
     if not next(model.parameters()).is_cuda:
         return "not on CUDA"

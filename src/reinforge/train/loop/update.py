@@ -102,12 +102,13 @@ def update_graph(
     """The CUDA graph this step replays (`train.loop.graphs`) and which micro-batches, or None."""
     blocker = graph_blocker(cfg, learner)
     if blocker is not None:
-        if cfg.train.cuda_graphs and not learner.graphs_failed and not learner.graphs_noted:
+        explicit = cfg.train.cuda_graphs not in (False, "auto")
+        if explicit and not learner.graphs_failed and not learner.graphs_noted:
             value = str(cfg.train.cuda_graphs).lower()
             console.print(f"[yellow]train.cuda_graphs = {value} has no effect here: {blocker}[/]")
             learner.graphs_noted = True
         return None, frozenset()
-    mode = graph_mode(cfg)
+    mode = graph_mode(cfg, learner.policy.setup.memory)
     assert mode is not None
 
     def compute(data: MicroData) -> dict[str, torch.Tensor]:

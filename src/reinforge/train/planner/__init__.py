@@ -129,6 +129,9 @@ class Plan:
     accumulate_unsharded: bool = False  # FSDP only (`distributed.accumulate_unsharded`)
     lora_generation: str | None = None  # "merged" or "adapters" under LoRA (`lora_generation`)
     lora_generation_note: str = ""  # why, with the bytes
+    # `train.cuda_graphs = "auto"`: a CUDA graph of the update kept across steps (the gradients
+    # and one micro-batch's activations held while generating) fits beside the KV pool
+    keeps_update_graph: bool = False
 
     def table(self) -> str:
         width = max(len(item) for item, _, _ in self.rows)
@@ -150,8 +153,10 @@ def plan_memory(x: PlanInputs) -> Plan:
     mode, note = lora_generation(x, s, pages)
     if mode == "merged":
         s = replace(s, lora_copy_held=s.lora_copy)
+    kv = pages * s.page_bytes(x.page_size)
+    graph = s.grads + tokens * activation_bytes_per_token(x, checkpointing)
     return Plan(
-        kv_cache_bytes=pages * s.page_bytes(x.page_size),
+        kv_cache_bytes=kv,
         kv_pages=pages,
         page_size=x.page_size,
         micro_batch_tokens=tokens,
@@ -160,6 +165,7 @@ def plan_memory(x: PlanInputs) -> Plan:
         accumulate_unsharded=unsharded,
         lora_generation=mode,
         lora_generation_note=note,
+        keeps_update_graph=s.generation_fixed + kv + graph <= s.usable,
     )
 
 

@@ -86,6 +86,7 @@ class MemoryChoice:
     # ("auto" without a plan: the engine decides); `lora_generation_note` says why
     lora_generation: str = "auto"
     lora_generation_note: str = ""
+    keeps_update_graph: bool = False  # the plan's room for a kept update graph (`Plan`)
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,7 @@ def choose_memory(
         replicated,
         plan.lora_generation or lora_mode,
         plan.lora_generation_note,
+        plan.keeps_update_graph,
     )
 
 
