@@ -6,6 +6,12 @@
 #       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD/src
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# the versions come from this machine's install: without it the peer's wheels would be skipped
+if ! python3 -c "import trl, datasets, reasoning_gym, pydantic" 2>/dev/null; then
+  echo "build_gpu_wheels.sh takes the versions this machine runs: install the project first:" >&2
+  echo '  pip install "torch==2.13.0" -e ".[dev,games,libs]"' >&2
+  exit 1
+fi
 mkdir -p "$(git rev-parse --git-dir)/info"; ex="$(git rev-parse --git-dir)/info/exclude"
 grep -qx "/.whl/" "$ex" 2>/dev/null || echo "/.whl/" >> "$ex"
 rm -rf .whl && mkdir -p .whl

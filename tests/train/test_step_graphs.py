@@ -5,6 +5,7 @@ and its inputs copied into one fixed set of tensors, run eagerly; on CUDA, the c
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 
 import pytest
@@ -126,45 +127,90 @@ def test_the_step_through_fixed_padded_inputs_has_the_same_gradient_and_metrics(
         assert graph_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
 
 
+KEPT_BASE = [
+    "rollout.temperature=0.7",
+    "algorithm.kl_coef=0",
+    "algorithm.loss_aggregation=token_mean",
+    "optim.max_grad_norm=1e9",
+    "train.micro_batch_tokens=48",
+]
+
+
+def kept_steps(cfg, path, steps, before_step=None):
+    """`steps` updates of one learner, (seed, tasks) each; `before_step(i, learner)` first. Per
+    step: the gradient, the metrics, the token count and the learner's kept graph after it."""
+    policy = make_policy(cfg)
+    learner = make_learner(cfg, path, policy)
+    learner.optimizer = RecordingSGD(learner.policy.model.parameters(), lr=0.0)
+    learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda s: 1.0)
+    tasks = DigitTasks(cfg.task)
+    out = []
+    for i, (seed, n) in enumerate(steps):
+        if before_step is not None:
+            before_step(i, learner)
+        chosen = [tasks.train_task(t) for t in range(n)]
+        groups = rollout_groups(cfg, policy, tasks, chosen, seed=seed)
+        batch = build_step_batch(groups, cfg.algorithm, "cpu")
+        assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
+        metrics = update.update_policy(cfg, learner, batch)
+        out.append((learner.optimizer.grads, metrics, batch.num_tokens, learner.update_graph))
+    return out
+
+
+def assert_same_steps(plain, graphed):
+    for (grads, metrics, _, _), (graph_grads, graph_metrics, _, _) in zip(plain, graphed):
+        for a, b in zip(grads, graph_grads):
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+        for key, value in metrics.items():
+            assert graph_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
 def test_a_kept_graph_serves_the_next_step_with_that_steps_counts(monkeypatch, tmp_path):
     """Mode "run" on a CPU (no capture): the graph built in the first step serves the second
     (its shape has room; no new one), whose token and sequence counts differ and reach the loss
     through the graph's inputs: both steps' gradients and metrics equal the launched ones."""
-    base = [
-        "rollout.temperature=0.7",
-        "algorithm.kl_coef=0",
-        "algorithm.loss_aggregation=token_mean",
-        "optim.max_grad_norm=1e9",
-        "train.micro_batch_tokens=48",
-    ]
-
-    def two_steps(cfg, path):
-        policy = make_policy(cfg)
-        learner = make_learner(cfg, path, policy)
-        learner.optimizer = RecordingSGD(learner.policy.model.parameters(), lr=0.0)
-        learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda s: 1.0)
-        tasks = DigitTasks(cfg.task)
-        out = []
-        for seed, n in ((5, 6), (6, 5)):
-            tasks_ = [tasks.train_task(i) for i in range(n)]
-            batch = build_step_batch(
-                rollout_groups(cfg, policy, tasks, tasks_, seed=seed), cfg.algorithm, "cpu"
-            )
-            assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
-            metrics = update.update_policy(cfg, learner, batch)
-            out.append((learner.optimizer.grads, metrics, batch.num_tokens, learner.update_graph))
-        return out
-
-    plain = two_steps(micro_step_config(*base), tmp_path / "plain")
+    steps = [(5, 6), (6, 5)]
+    plain = kept_steps(micro_step_config(*KEPT_BASE), tmp_path / "plain", steps)
     monkeypatch.setattr(update, "graph_blocker", lambda cfg, learner: None)
-    kept = two_steps(micro_step_config(*base, "train.cuda_graphs=run"), tmp_path / "run")
+    cfg = micro_step_config(*KEPT_BASE, "train.cuda_graphs=run")
+    kept = kept_steps(cfg, tmp_path / "run", steps)
     assert plain[0][2] != plain[1][2]  # the steps' token counts differ
     assert kept[0][3] is not None and kept[1][3] is kept[0][3]  # one graph for both steps
-    for (grads, metrics, _, _), (kept_grads, kept_metrics, _, _) in zip(plain, kept):
-        for a, b in zip(grads, kept_grads):
-            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
-        for key, value in metrics.items():
-            assert kept_metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    assert_same_steps(plain, kept)
+
+
+def test_a_micro_batch_that_outgrows_the_kept_graph_runs_launched_and_the_next_step_rebuilds(
+    monkeypatch, tmp_path
+):
+    """A step whose similar micro-batches no longer fit the kept graph (here: its shape cut to
+    one row before the second step) runs them launched, with the same gradient, and marks the
+    graph outgrown; the step after builds a new one."""
+    steps = [(5, 6), (6, 6), (7, 6)]
+    plain = kept_steps(micro_step_config(*KEPT_BASE), tmp_path / "plain", steps)
+    monkeypatch.setattr(update, "graph_blocker", lambda cfg, learner: None)
+    runs: list[int] = []
+    real_run = graphs.UpdateGraph.run
+
+    def counting_run(self, data):
+        runs.append(len(runs))
+        return real_run(self, data)
+
+    monkeypatch.setattr(graphs.UpdateGraph, "run", counting_run)
+    per_step: list[int] = []
+
+    def shrink(i, learner):
+        per_step.append(len(runs))
+        if i == 1:
+            learner.update_graph.shape = replace(learner.update_graph.shape, seqs=1)
+
+    cfg = micro_step_config(*KEPT_BASE, "train.cuda_graphs=run")
+    kept = kept_steps(cfg, tmp_path / "run", steps, shrink)
+    per_step.append(len(runs))
+    replayed = [b - a for a, b in itertools.pairwise(per_step)]
+    assert replayed[0] >= 2 and replayed[1] == 0 and replayed[2] >= 2, replayed
+    assert kept[1][3] is kept[0][3] and kept[1][3].outgrown
+    assert kept[2][3] is not kept[1][3] and not kept[2][3].outgrown  # built anew
+    assert_same_steps(plain, kept)
 
 
 def test_graphs_are_off_where_they_cannot_replay_and_the_run_says_why_once(tmp_path, capsys):

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -103,6 +103,17 @@ class UpdateGraph:
     on_failure: Callable[[], None] | None = None
     capture: bool = True  # False: every run eager through the fixed inputs (the CPU tests' path)
     times: dict[str, list[float]] = field(default_factory=dict)  # TIMES_ENV's report
+    outgrown: bool = False  # a similar micro-batch did not fit: the next step builds a new one
+
+    def takes(self, b: PackedBatch) -> bool:
+        """Whether micro-batch `b` replays this graph: similar in size, and it fits (a similar
+        one that does not runs launched and marks the graph `outgrown`)."""
+        if b.num_tokens < SIMILAR * self.shape.tokens:
+            return False
+        if fits(b, self.shape):
+            return True
+        self.outgrown = True
+        return False
 
     def run(self, data) -> dict[str, torch.Tensor]:
         """Micro-batch `data` (padded to `shape`, on the device): eagerly the first time, then
@@ -178,17 +189,20 @@ def _capture(graph: torch.cuda.CUDAGraph, compute, static) -> dict[str, torch.Te
 
 
 def step_graph(
-    learner, mode: str, packed: list[PackedBatch], compute, capture: bool
-) -> tuple[UpdateGraph | None, frozenset[int]]:
-    """The graph this step replays, and which of its micro-batches: mode "run" reuses the kept
-    graph where the step's micro-batches fit its shape, else builds one (kept on the learner)."""
+    learner, mode: str, packed: Sequence[PackedBatch], compute, capture: bool
+) -> tuple[UpdateGraph | None, frozenset[int] | None]:
+    """The graph this step replays, and which of its micro-batches (None: each that the graph
+    `takes`, known once it is packed). Mode "run" reuses the kept graph until a step's
+    micro-batch outgrew it, then builds one from the step's micro-batches (kept on the learner);
+    `packed` may pack lazily: reusing the kept graph reads none of it here, so packing the
+    micro-batches overlaps the replays."""
     kept: UpdateGraph | None = getattr(learner, "update_graph", None)
     if kept is not None:
-        members = similar(packed, kept.shape.tokens)
-        if mode == "run" and members and all(fits(packed[i], kept.shape) for i in members):
-            return kept, frozenset(members)
+        if mode == "run" and not kept.outgrown:
+            return kept, None
         kept.close()
         learner.update_graph = None
+    packed = [packed[i] for i in range(len(packed))]
     largest = max(b.num_tokens for b in packed)
     members = similar(packed, largest)
     if len(members) < (2 if mode == "run" else MIN_REPLAYED):

@@ -59,7 +59,7 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
     # micro-batch would wait for the GPU each time, draining its queue between micro-batches
     # (G1's profile, session 15: 72 of the update's 220 synchronizations).
     on_device: dict[str, torch.Tensor | float] = {}
-    packed = [pack_micro_batch(cfg, batch, idx) for idx in batches]
+    packed = LazyPacked(cfg, batch, batches)
     device = next(model.parameters()).device
     graph, members = update_graph(cfg, learner, packed)
     counts = None
@@ -69,7 +69,7 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
     with accumulation(model, unsharded) as before:
         for i, idx in enumerate(batches):
             before(last=i == len(batches) - 1)
-            if graph is not None and i in members:
+            if graph is not None and (graph.takes(packed[i]) if members is None else i in members):
                 data = micro_data(batch, idx, packed[i], device, graph.shape, counts)
                 step_metrics = graph.run(data)
             else:
@@ -96,9 +96,26 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
     return totals
 
 
+class LazyPacked:
+    """The step's micro-batches as packed rows (`pack_micro_batch`), each packed when first read:
+    with a kept update graph the host packs one while the device replays the one before."""
+
+    def __init__(self, cfg: TrainConfig, batch: StepBatch, batches: list[list[int]]):
+        self.cfg, self.batch, self.batches = cfg, batch, batches
+        self.done: dict[int, PackedBatch] = {}
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> PackedBatch:
+        if i not in self.done:
+            self.done[i] = pack_micro_batch(self.cfg, self.batch, self.batches[i])
+        return self.done[i]
+
+
 def update_graph(
-    cfg: TrainConfig, learner: Learner, packed: list[PackedBatch]
-) -> tuple[UpdateGraph | None, frozenset[int]]:
+    cfg: TrainConfig, learner: Learner, packed: LazyPacked
+) -> tuple[UpdateGraph | None, frozenset[int] | None]:
     """The CUDA graph this step replays (`train.loop.graphs`) and which micro-batches, or None."""
     blocker = graph_blocker(cfg, learner)
     if blocker is not None:
