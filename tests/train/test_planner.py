@@ -146,9 +146,21 @@ def test_a_kept_update_graph_is_planned_where_it_fits_beside_generation():
     """`train.cuda_graphs = "auto"` keeps the update's CUDA graph across steps only where the
     gradients and one micro-batch's activations fit beside generation's KV pool and working set:
     G1 on 80 GB, not a 7B LoRA run whose pool was shrunk to fit 24 GB."""
-    assert plan_memory(PlanInputs(free_bytes=FREE_80GB, model=M05, **G1)).keeps_update_graph
+    g1 = plan_memory(PlanInputs(free_bytes=FREE_80GB, model=M05, **G1))
+    assert g1.keeps_update_graph
+    rows = {item: (size, note) for item, size, note in g1.rows}
+    held, note = rows["kept update graph"]
+    assert held > rows["gradients"][0] and "held while generating" in note
+    # generation's peak counts what the kept graph holds
+    kv, working = rows["KV cache"][0], rows["generation working set"][0]
+    assert rows["peak, generation phase"][0] >= held + kv + working + rows["weights"][0]
+    off = plan_memory(PlanInputs(free_bytes=FREE_80GB, model=M05, update_graph="off", **G1))
+    assert not off.keeps_update_graph
+    assert dict((i, n) for i, _, n in off.rows)["kept update graph"].endswith("not kept")
     tight = plan_memory(PlanInputs(free_bytes=24 * GiB, model=M7, lora_rank=32, **G2))
     assert not tight.keeps_update_graph
+    size, note = {i: (b, n) for i, b, n in tight.rows}["kept update graph"]
+    assert size == 0 and "no room beside the KV pool" in note
 
 
 def test_7b_lora_on_24gb_shrinks_the_kv_pool():

@@ -129,8 +129,9 @@ class Plan:
     accumulate_unsharded: bool = False  # FSDP only (`distributed.accumulate_unsharded`)
     lora_generation: str | None = None  # "merged" or "adapters" under LoRA (`lora_generation`)
     lora_generation_note: str = ""  # why, with the bytes
-    # `train.cuda_graphs = "auto"`: a CUDA graph of the update kept across steps (the gradients
-    # and one micro-batch's activations held while generating) fits beside the KV pool
+    # a CUDA graph of the update kept across steps (the gradients and one micro-batch's
+    # activations held while generating): `train.cuda_graphs` "run", or "auto" where it fits
+    # beside the KV pool
     keeps_update_graph: bool = False
 
     def table(self) -> str:
@@ -155,17 +156,26 @@ def plan_memory(x: PlanInputs) -> Plan:
         s = replace(s, lora_copy_held=s.lora_copy)
     kv = pages * s.page_bytes(x.page_size)
     graph = s.grads + tokens * activation_bytes_per_token(x, checkpointing)
+    room = s.generation_fixed + kv + graph <= s.usable
+    keeps = x.update_graph == "run" or (x.update_graph == "auto" and room)
+    graph_note = (
+        f"train.cuda_graphs = {x.update_graph}: the gradients + one micro-batch's activations, "
+        + ("held while generating" if keeps else "not kept")
+        + ("" if room else " (no room beside the KV pool)")
+    )
     return Plan(
         kv_cache_bytes=kv,
         kv_pages=pages,
         page_size=x.page_size,
         micro_batch_tokens=tokens,
         gradient_checkpointing=checkpointing,
-        rows=report_rows(x, s, checkpointing, tokens, pages, unsharded, note),
+        rows=report_rows(
+            x, s, checkpointing, tokens, pages, unsharded, note, graph if keeps else 0, graph_note
+        ),
         accumulate_unsharded=unsharded,
         lora_generation=mode,
         lora_generation_note=note,
-        keeps_update_graph=s.generation_fixed + kv + graph <= s.usable,
+        keeps_update_graph=keeps,
     )
 
 

@@ -160,6 +160,9 @@ def choose_memory(
             accumulate_unsharded=forced_unsharded,
             lora_generation=lora_mode,
             lora_mergeable_params=lora_mergeable_params if rank else None,
+            update_graph={"auto": "auto", "run": "run", True: "run"}.get(
+                cfg.train.cuda_graphs, "off"
+            ),
         ),
         strategy,
     )

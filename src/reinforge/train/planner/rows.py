@@ -26,6 +26,8 @@ def report_rows(
     pages: int,
     unsharded: bool,
     lora_generation_note: str = "",
+    graph_held: int = 0,
+    graph_note: str = "",
 ):
     m, d = x.model, x.model.dtype_bytes
     per_token = activation_bytes_per_token(x, checkpointing)
@@ -35,7 +37,7 @@ def report_rows(
     peak_training = training_peak(x, s, checkpointing, tokens, pages)
     if unsharded:
         peak_training += s.unsharded_accumulation
-    generation_peak = s.generation_fixed + kv
+    generation_peak = s.generation_fixed + kv + graph_held
     shards = x.num_shards
     per = f" / {shards} processes (FSDP shard)" if shards > 1 else ""
     if x.replicas > 1:
@@ -109,6 +111,7 @@ def report_rows(
             if x.lora_rank is not None
             else []
         ),
+        *([("kept update graph", graph_held, graph_note)] if graph_note else []),
         ("peak, training phase", peak_training, ""),
         ("peak, generation phase", generation_peak, ""),
         ("headroom", s.usable - max(peak_training, generation_peak), "unused after the reserve"),

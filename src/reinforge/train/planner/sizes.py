@@ -179,6 +179,9 @@ class PlanInputs:
     # LoRA decoding from a merged copy (`rollout.lora_generation`): "auto" lets the planner choose
     lora_generation: str = "auto"
     lora_mergeable_params: int | None = None  # default: all-linear (`lora_mergeable_params`)
+    # `train.cuda_graphs`: "auto" keeps the update's graph across steps where it fits beside
+    # generation, "run" keeps it, "off" (or "step") holds nothing while generating
+    update_graph: str = "auto"
 
 
 def format_bytes(size: int) -> str:
