@@ -162,14 +162,16 @@ def test_shared_plan_keeps_a_group_together_and_counts_its_prompt_once():
 def test_large_groups_are_split_to_fill_micro_batches():
     """G1's shape: 32 prompts of 128 tokens x 8 samples of 512 in 16,384-token micro-batches.
     Whole groups (4,224 tokens) fit three to a micro-batch: 11. Split to fill: 9, the fewest
-    their tokens allow, each part carrying its prompt; every micro-batch within the budget."""
+    their tokens allow, each part carrying its prompt; every micro-batch within the budget, and
+    of about equal size."""
     prompts = [[p] * 128 for p in range(32) for _ in range(8)]
     bins = plan_shared_micro_batches(prompts, [512] * 256, max_tokens=16_384)
     assert len(bins) == 9
     assert sorted(i for b in bins for i in b) == list(range(256))
-    for b in bins:
-        distinct = {prompts[i][0] for i in b}
-        assert 128 * len(distinct) + 512 * len(b) <= 16_384
+    sizes = [128 * len({prompts[i][0] for i in b}) + 512 * len(b) for b in bins]
+    assert max(sizes) <= 16_384
+    # about equal, not eight full ones and a small ninth (a CUDA graph replays similar sizes)
+    assert min(sizes) >= 0.9 * max(sizes), sizes
     unshared = plan_shared_micro_batches(prompts, [512] * 256, 16_384, share_prompts=False)
     assert len(unshared) == 11  # 25 whole sequences of 640 tokens each
 

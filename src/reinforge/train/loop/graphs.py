@@ -42,7 +42,7 @@ from reinforge.sharding import PACKED_FORWARD
 from reinforge.train.packing import PackedBatch
 from reinforge.train.packing.static import PackedShape, common_shape, fits
 
-SIMILAR = 0.75  # micro-batches with at least this share of the graph's tokens are replayed
+SIMILAR = 0.7  # micro-batches with at least this share of the graph's tokens are replayed
 MIN_REPLAYED = 3  # a step's graph: the first runs eagerly, the second is captured, then replays
 HEADROOM = 1.25  # a kept graph's room over the step that built it (segments, rows, keys)
 TARGETS_HEADROOM = 1.1  # ... and in targets: each padded target costs an LM-head row

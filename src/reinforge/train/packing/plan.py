@@ -108,8 +108,36 @@ def plan_shared_micro_batches(
         by_size = sorted(groups.values(), key=lambda m: -sum(lengths[i] for i in m))
         filled = _filled(by_size, prompts, completion_lengths, max_tokens)
         if min_micro_batches <= len(filled) < len(bins):
-            bins = filled
+            bins = _evened(filled, by_size, prompts, completion_lengths, max_tokens)
     return [sorted(b) for b in bins]
+
+
+def _evened(
+    filled: list[list[int]],
+    groups: list[list[int]],
+    prompts: Sequence[Sequence[int]],
+    completion_lengths: Sequence[int],
+    max_tokens: int,
+) -> list[list[int]]:
+    """`_filled`'s micro-batches (each filled to `max_tokens`, the last one with what is left)
+    refilled to the smallest budget that needs no more of them: as many micro-batches of about
+    equal size. A small last one costs as much host work as a full one, and a CUDA graph of the
+    update replays only micro-batches of similar size (`train.loop.graphs`)."""
+
+    def tokens(b: list[int]) -> int:
+        prompt_ids = {tuple(prompts[i]) for i in b}
+        return sum(completion_lengths[i] for i in b) + sum(len(p) for p in prompt_ids)
+
+    count = len(filled)
+    longest = max(len(prompts[i]) + completion_lengths[i] for b in filled for i in b)
+    budget = max(longest, math.ceil(sum(tokens(b) for b in filled) / count))
+    step = max(1, max_tokens // 100)
+    while budget < max_tokens:
+        evened = _filled(groups, prompts, completion_lengths, budget)
+        if len(evened) <= count:
+            return evened
+        budget += step
+    return filled
 
 
 def _parts(
