@@ -179,6 +179,52 @@ def test_a_kept_graph_serves_the_next_step_with_that_steps_counts(monkeypatch, t
     assert_same_steps(plain, kept)
 
 
+def test_a_kept_graphs_gradients_are_one_buffer_freed_after_each_step(monkeypatch, tmp_path):
+    """Mode "run": the update's gradients are views of one zeroed buffer (the graph adds into
+    its addresses), freed after the optimizer step so generation gets the memory back; and a
+    kept graph built over gradients elsewhere (the allocator gave another block) is rebuilt."""
+    monkeypatch.setattr(update, "graph_blocker", lambda cfg, learner: None)
+    made: list[dict] = []
+    real_flat = graphs.flat_grads
+
+    def recording_flat(params):
+        buffers = real_flat(params)
+        for p in params:  # every gradient lies in its dtype's buffer
+            base = buffers[p.dtype]
+            assert p.grad.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+        made.append(buffers)
+        return buffers
+
+    monkeypatch.setattr(update, "flat_grads", recording_flat)
+    cfg = micro_step_config(*KEPT_BASE, "train.cuda_graphs=run")
+    learners = []
+    kept = kept_steps(
+        cfg, tmp_path / "run", [(5, 6), (6, 5)], lambda i, learner: learners.append(learner)
+    )
+    learner = learners[0]
+    assert len(made) == 2  # one buffer per step
+    assert learner.grad_buffers is None
+    assert all(p.grad is None for p in learner.policy.model.parameters())
+    assert kept[1][3] is kept[0][3]  # on a CPU (no capture) the addresses do not matter
+
+    graph = kept[1][3]
+    graph.capture, graph.grad_ptrs = True, (1,)  # as if captured over other gradients
+    update.start_grads(cfg, learner)
+    packed = update.LazyPacked(cfg, kept_batch(cfg, learner), [[0, 1], [2, 3], [4, 5]])
+    rebuilt, _ = graphs.step_graph(learner, "run", packed, graph.compute, False)
+    assert rebuilt is not graph and graph.graph is None and graph.static is None
+    assert rebuilt.grad_ptrs == graphs.grad_ptrs(learner.grad_buffers)
+
+
+def kept_batch(cfg, learner):
+    tasks = DigitTasks(cfg.task)
+    chosen = [tasks.train_task(t) for t in range(3)]
+    groups = rollout_groups(cfg, learner.policy, tasks, chosen, seed=8)
+    batch = build_step_batch(groups, cfg.algorithm, "cpu")
+    assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
+    return batch
+
+
 def test_a_micro_batch_that_outgrows_the_kept_graph_runs_launched_and_the_next_step_rebuilds(
     monkeypatch, tmp_path
 ):

@@ -262,14 +262,14 @@ class TrainSection(Section):
     G1 (0.5B shape, full fine-tune, H100): the training phase 2.98 -> 2.15 s per step."""
     cuda_graphs: bool | Literal["auto", "step", "run"] = "auto"
     """Replay the update's similar-sized micro-batches from one CUDA graph of their forward, loss
-    and backward (a smaller last micro-batch runs as before): the update's host work gone, so
+    and backward (a much smaller micro-batch runs as before): the update's host work gone, so
     the update takes the same time on a slow host as on a fast one, and small micro-batches cost
     no speed. "run" (or true): one graph kept across steps (only replays after the first step;
-    the gradients stay allocated while generating, and so does the graph's memory, about one
-    micro-batch's activations). "step": captured per step and freed after it (each step runs one
-    micro-batch eagerly and captures the next; nothing held while generating). "auto": "run"
-    where the memory plan has room for what it holds beside generation's KV pool, else off.
-    One process, dense models without a value head; elsewhere off. G1 on an H200: train 1.73 s
+    its memory, about one micro-batch's activations, stays allocated while generating; the
+    gradients are freed after each step as without graphs). "step": captured per step and freed
+    after it (each step runs one micro-batch eagerly and captures the next). "auto": "run" where
+    the memory plan has room for the graph's memory beside generation's KV pool, else off. One
+    process, dense models without a value head; elsewhere off. G1 on an H200: train 1.73 s
     launched, 1.62 s with "run" (bench/RESULTS.md, s19c)."""
     non_finite: Literal["skip", "crash"] = "skip"
     """What a step whose gradient holds NaN or infinity does: "skip" (count it in the metric

@@ -17,10 +17,13 @@ How:
    out after each. The capture skips `torch.cuda.graph`'s synchronization and `empty_cache`
    (which made every later allocation of the step a fresh `cudaMalloc`).
 3. Mode "step" captures per step and frees the graph at its end (nothing held while generating).
-   Mode "run" keeps it: its shape has headroom (`roomy`), the step's counts are device tensors
-   the graph reads (`MicroData.counts`), and the gradients stay allocated between steps (zeroed,
-   not freed: the graph adds into their addresses), so later steps only replay. A step whose
-   micro-batches outgrow the shape builds a new graph.
+   Mode "run" keeps it: its shape has room (`common_shape`'s `room`), the step's counts are
+   device tensors the graph reads (`MicroData.counts`), so later steps only replay. The graph
+   adds into the gradients' addresses: each step's gradients are views of one zeroed buffer per
+   dtype (`flat_grads`), allocated at the update's start and freed after the optimizer step, so
+   generation gets their memory back; the allocator hands the same blocks out again step after
+   step, and where it does not (`grad_ptrs` differ) a new graph is built, as when a step's
+   micro-batches outgrow the shape.
 
 Not for: several processes (their collectives), a value head, mixture-of-experts models, an FSDP
 packed forward; there, and on a CPU, the update runs as before. A capture that fails prints why
@@ -104,6 +107,7 @@ class UpdateGraph:
     capture: bool = True  # False: every run eager through the fixed inputs (the CPU tests' path)
     times: dict[str, list[float]] = field(default_factory=dict)  # TIMES_ENV's report
     outgrown: bool = False  # a similar micro-batch did not fit: the next step builds a new one
+    grad_ptrs: tuple[int, ...] = ()  # where the gradients were when it was built (`flat_grads`)
 
     def takes(self, b: PackedBatch) -> bool:
         """Whether micro-batch `b` replays this graph: similar in size, and it fits (a similar
@@ -197,8 +201,11 @@ def step_graph(
     `packed` may pack lazily: reusing the kept graph reads none of it here, so packing the
     micro-batches overlaps the replays."""
     kept: UpdateGraph | None = getattr(learner, "update_graph", None)
+    ptrs = grad_ptrs(getattr(learner, "grad_buffers", None))
     if kept is not None:
-        if mode == "run" and not kept.outgrown:
+        # a CPU run (no capture) reads its inputs each time: addresses do not matter there
+        same_grads = not kept.capture or kept.grad_ptrs == ptrs
+        if mode == "run" and not kept.outgrown and same_grads:
             return kept, None
         kept.close()
         learner.update_graph = None
@@ -223,10 +230,34 @@ def step_graph(
         kept=mode == "run",
         on_failure=failed,
         capture=capture,
+        grad_ptrs=ptrs,
     )
     if graph.kept:
         learner.update_graph = graph
     return graph, frozenset(members)
+
+
+def flat_grads(params: list[torch.nn.Parameter]) -> dict[torch.dtype, torch.Tensor]:
+    """Each parameter's `.grad` set to a zeroed view of one buffer per dtype (returned): a kept
+    graph's backward adds into them in place (AccumulateGrad adds into an existing `.grad`)."""
+    sizes: dict[torch.dtype, int] = {}
+    for p in params:
+        sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
+    device = params[0].device
+    buffers = {dt: torch.zeros(n, dtype=dt, device=device) for dt, n in sizes.items()}
+    offsets = dict.fromkeys(sizes, 0)
+    for p in params:
+        start = offsets[p.dtype]
+        p.grad = buffers[p.dtype][start : start + p.numel()].view_as(p)
+        offsets[p.dtype] = start + p.numel()
+    return buffers
+
+
+def grad_ptrs(buffers: dict[torch.dtype, torch.Tensor] | None) -> tuple[int, ...]:
+    """Where `flat_grads`'s buffers lie (empty: none)."""
+    if not buffers:
+        return ()
+    return tuple(buffers[dt].data_ptr() for dt in sorted(buffers, key=str))
 
 
 def _copy_into(static, data) -> None:

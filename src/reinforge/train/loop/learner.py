@@ -49,6 +49,7 @@ class Learner:
     graphs_failed: bool = False  # a CUDA graph capture of the update failed (train.loop.graphs)
     graphs_noted: bool = False  # the run was told why train.cuda_graphs has no effect
     update_graph: object | None = None  # train.cuda_graphs = "run": the kept UpdateGraph
+    grad_buffers: dict | None = None  # ... and the step's gradients' buffers (graphs.flat_grads)
 
     def checkpoint_state(self) -> dict:
         """What resume needs beyond the model, optimizer and RNG."""

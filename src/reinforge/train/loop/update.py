@@ -28,7 +28,13 @@ from reinforge.metrics import console
 from reinforge.sharding import accumulation, clip_grad_norm, in_lockstep
 from reinforge.train.loop.advantage_step import StepBatch
 from reinforge.train.loop.diagnostics import clip_fractions, measure_policy_change
-from reinforge.train.loop.graphs import UpdateGraph, graph_blocker, graph_mode, step_graph
+from reinforge.train.loop.graphs import (
+    UpdateGraph,
+    flat_grads,
+    graph_blocker,
+    graph_mode,
+    step_graph,
+)
 from reinforge.train.loop.learner import Learner
 from reinforge.train.packing import PackedBatch, pack_one, to_device
 from reinforge.train.packing.forward import completion_sequences, micro_batches, packed_rows
@@ -44,7 +50,7 @@ from reinforge.train.policy.value import head_values
 
 
 def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[str, float]:
-    zero_grads(learner)
+    start_grads(cfg, learner)
     model = learner.policy.model
     memory = learner.policy.setup.memory  # the run's plan (`train.planner.memory`)
     batches = micro_batches(
@@ -135,9 +141,24 @@ def update_graph(
     return step_graph(learner, mode, packed, compute, capture)
 
 
-def zero_grads(learner: Learner) -> None:
-    """Gradients to zero; freed unless a kept CUDA graph adds into their addresses (mode "run")."""
-    learner.optimizer.zero_grad(set_to_none=learner.update_graph is None)
+def start_grads(cfg: TrainConfig, learner: Learner) -> None:
+    """The update's gradients: none (each micro-batch's backward allocates them), or under a
+    kept CUDA graph (mode "run") zeroed views of one buffer per dtype, where the graph adds
+    (`graphs.flat_grads`; `free_grads` frees them after the optimizer step)."""
+    learner.optimizer.zero_grad(set_to_none=True)
+    learner.grad_buffers = None
+    if (
+        graph_blocker(cfg, learner) is None
+        and graph_mode(cfg, learner.policy.setup.memory) == "run"
+    ):
+        params = [p for p in learner.policy.model.parameters() if p.requires_grad]
+        learner.grad_buffers = flat_grads(params)
+
+
+def free_grads(learner: Learner) -> None:
+    """The step's gradients freed (generation gets their memory)."""
+    learner.optimizer.zero_grad(set_to_none=True)
+    learner.grad_buffers = None
 
 
 def combine(key: str, total, value):
@@ -315,6 +336,6 @@ def optimizer_step(cfg: TrainConfig, learner: Learner) -> dict[str, float]:
     if is_finite and has_gradient:
         learner.optimizer.step()
     metrics["nonfinite_skipped"] = 0.0 if is_finite else 1.0  # parameters untouched
-    zero_grads(learner)
+    free_grads(learner)
     advance_schedule(learner.scheduler)
     return metrics

@@ -129,9 +129,8 @@ class Plan:
     accumulate_unsharded: bool = False  # FSDP only (`distributed.accumulate_unsharded`)
     lora_generation: str | None = None  # "merged" or "adapters" under LoRA (`lora_generation`)
     lora_generation_note: str = ""  # why, with the bytes
-    # a CUDA graph of the update kept across steps (the gradients and one micro-batch's
-    # activations held while generating): `train.cuda_graphs` "run", or "auto" where it fits
-    # beside the KV pool
+    # a CUDA graph of the update kept across steps (one micro-batch's activations held while
+    # generating): `train.cuda_graphs` "run", or "auto" where it fits beside the KV pool
     keeps_update_graph: bool = False
 
     def table(self) -> str:
@@ -155,11 +154,11 @@ def plan_memory(x: PlanInputs) -> Plan:
     if mode == "merged":
         s = replace(s, lora_copy_held=s.lora_copy)
     kv = pages * s.page_bytes(x.page_size)
-    graph = s.grads + tokens * activation_bytes_per_token(x, checkpointing)
+    graph = tokens * activation_bytes_per_token(x, checkpointing)
     room = s.generation_fixed + kv + graph <= s.usable
     keeps = x.update_graph == "run" or (x.update_graph == "auto" and room)
     graph_note = (
-        f"train.cuda_graphs = {x.update_graph}: the gradients + one micro-batch's activations, "
+        f"train.cuda_graphs = {x.update_graph}: one micro-batch's activations, "
         + ("held while generating" if keeps else "not kept")
         + ("" if room else " (no room beside the KV pool)")
     )
