@@ -50,6 +50,7 @@ import math
 from dataclasses import dataclass, replace
 
 from reinforge.errors import ConfigError
+from reinforge.train.planner.graph import kept_update_graph
 from reinforge.train.planner.rows import report_rows
 from reinforge.train.planner.sizes import (
     GOOD_MICRO_TOKENS,
@@ -129,9 +130,7 @@ class Plan:
     accumulate_unsharded: bool = False  # FSDP only (`distributed.accumulate_unsharded`)
     lora_generation: str | None = None  # "merged" or "adapters" under LoRA (`lora_generation`)
     lora_generation_note: str = ""  # why, with the bytes
-    # a CUDA graph of the update kept across steps (one micro-batch's activations held while
-    # generating): `train.cuda_graphs` "run", or "auto" where it fits beside the KV pool
-    keeps_update_graph: bool = False
+    keeps_update_graph: bool = False  # the update's CUDA graph kept across steps (`.graph`)
 
     def table(self) -> str:
         width = max(len(item) for item, _, _ in self.rows)
@@ -154,14 +153,7 @@ def plan_memory(x: PlanInputs) -> Plan:
     if mode == "merged":
         s = replace(s, lora_copy_held=s.lora_copy)
     kv = pages * s.page_bytes(x.page_size)
-    graph = tokens * activation_bytes_per_token(x, checkpointing)
-    room = s.generation_fixed + kv + graph <= s.usable
-    keeps = x.update_graph == "run" or (x.update_graph == "auto" and room)
-    graph_note = (
-        f"train.cuda_graphs = {x.update_graph}: one micro-batch's activations, "
-        + ("held while generating" if keeps else "not kept")
-        + ("" if room else " (no room beside the KV pool)")
-    )
+    keeps, graph_held, graph_note = kept_update_graph(x, s, tokens, checkpointing, kv)
     return Plan(
         kv_cache_bytes=kv,
         kv_pages=pages,
@@ -169,7 +161,7 @@ def plan_memory(x: PlanInputs) -> Plan:
         micro_batch_tokens=tokens,
         gradient_checkpointing=checkpointing,
         rows=report_rows(
-            x, s, checkpointing, tokens, pages, unsharded, note, graph if keeps else 0, graph_note
+            x, s, checkpointing, tokens, pages, unsharded, note, graph_held, graph_note
         ),
         accumulate_unsharded=unsharded,
         lora_generation=mode,
