@@ -254,6 +254,10 @@ def test_a_micro_batch_that_outgrows_the_kept_graph_runs_launched_and_the_next_s
     per_step.append(len(runs))
     replayed = [b - a for a, b in itertools.pairwise(per_step)]
     assert replayed[0] >= 2 and replayed[1] == 0 and replayed[2] >= 2, replayed
+    # the step's metrics count its micro-batches by phase (no capture on a CPU: "eager")
+    first, outgrown = kept[0][1], kept[1][1]
+    assert first["graph_eager"] == replayed[0], first
+    assert "graph_eager" not in outgrown and outgrown["graph_launched"] >= 2, outgrown
     assert kept[1][3] is kept[0][3] and kept[1][3].outgrown
     assert kept[2][3] is not kept[1][3] and not kept[2][3].outgrown  # built anew
     assert_same_steps(plain, kept)
@@ -360,6 +364,8 @@ def test_the_captured_step_has_the_launched_steps_gradient_on_cuda(
     assert all("replay" in step for step in graphed), graphed  # replayed in both steps
     if mode == "run":  # the second step only replays the first one's graph
         assert set(graphed[1]) == {"replay"}, graphed
+        second = results[1][1][1]  # and its metrics say so
+        assert second["graph_replay"] == len(graphed[1]) and "graph_capture" not in second
     else:
         assert graphed[1][:2] == ["eager", "capture"], graphed
     for (plain_grads, plain_metrics), (graph_grads, graph_metrics) in zip(*results):

@@ -106,6 +106,7 @@ class UpdateGraph:
     on_failure: Callable[[], None] | None = None
     capture: bool = True  # False: every run eager through the fixed inputs (the CPU tests' path)
     times: dict[str, list[float]] = field(default_factory=dict)  # TIMES_ENV's report
+    phases: dict[str, int] = field(default_factory=dict)  # this step's runs by phase (metrics)
     outgrown: bool = False  # a similar micro-batch did not fit: the next step builds a new one
     grad_ptrs: tuple[int, ...] = ()  # where the gradients were when it was built (`flat_grads`)
 
@@ -127,6 +128,7 @@ class UpdateGraph:
             torch.cuda.synchronize()
             start = time.perf_counter()
         phase, out = self._run(data)
+        self.phases[phase] = self.phases.get(phase, 0) + 1
         if timed:
             torch.cuda.synchronize()
             self.times.setdefault(phase, []).append(1000 * (time.perf_counter() - start))
@@ -164,14 +166,19 @@ class UpdateGraph:
         }
         return phase, metrics
 
-    def report(self) -> None:
-        """The step's phases (TIMES_ENV): milliseconds, synchronized around each micro-batch."""
+    def report(self) -> dict[str, float]:
+        """The step's micro-batches by phase as metrics (`graph_eager`, `graph_capture`,
+        `graph_replay`: a kept graph's later steps only replay), reset for the next step; with
+        TIMES_ENV also printed with their milliseconds, synchronized around each micro-batch."""
+        counts = {f"graph_{k}": float(v) for k, v in self.phases.items()}
+        self.phases = {}
         if self.times:
             parts = [
                 f"{k} {len(v)} x {sum(v) / len(v):.1f} ms" for k, v in sorted(self.times.items())
             ]
             console.print(f"update graph ({self.shape.tokens} tokens): " + ", ".join(parts))
             self.times = {}
+        return counts
 
     def close(self) -> None:
         self.graph = self.outputs = self.static = None

@@ -72,6 +72,7 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
     if graph is not None:  # the step's counts as the graph reads them: on the device
         counts = torch.tensor([batch.num_tokens, batch.num_seqs], dtype=torch.float32)
         counts = counts.to(device, non_blocking=True)
+    launched = 0  # micro-batches that ran outside the step's graph
     with accumulation(model, unsharded) as before:
         for i, idx in enumerate(batches):
             before(last=i == len(batches) - 1)
@@ -79,12 +80,14 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
                 data = micro_data(batch, idx, packed[i], device, graph.shape, counts)
                 step_metrics = graph.run(data)
             else:
+                launched += 1
                 data = micro_data(batch, idx, packed[i], device)
                 step_metrics = micro_compute(cfg, learner, batch, len(idx), data)
             for key, value in step_metrics.items():
                 on_device[key] = combine(key, on_device.get(key), _detached(value))
+    phases: dict[str, float] = {}
     if graph is not None:
-        graph.report()
+        phases = {**graph.report(), "graph_launched": float(launched)}
         if not graph.kept:
             graph.close()
     totals = to_floats(on_device)
@@ -97,6 +100,7 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
         minned={k for k in extremes if k.endswith("_min")},
     )
     routing_replay_ratio(totals)
+    totals.update(phases)  # this rank's micro-batches by graph phase (not reduced: host counts)
     totals.update(optimizer_step(cfg, learner))
     totals.update(measure_policy_change(cfg, learner, batch, batches))  # one no-grad forward
     return totals
