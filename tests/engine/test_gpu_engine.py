@@ -160,3 +160,47 @@ def test_release_frees_the_pool_and_graphs_and_the_next_generate_is_unchanged(mi
     assert greedy(engine, prompts, n=2) == first
     assert engine.runner.graphs.graphs  # captured again, over the new pool
     assert engine.stats.extra["seconds_graph_capture"] > 0
+
+
+def test_a_shared_mempool_takes_turns_and_keeps_the_decode_graphs(micro_dir, tokenizer):
+    """`share_memory`: the KV pool lives in a `torch.cuda.MemPool` that a trainer's captured
+    update uses while it is released. Here a graph captured into the same mempool stands for the
+    update: it is captured over the released pool's memory (the mempool does not grow) and its
+    replay writes NaN all over it; the next generate finds the pool at its address, keeps its
+    decode graphs (no capture) and decodes exactly as before."""
+    from reinforge.engine.cuda_graphs import capture
+
+    model = build_model("qwen2", micro_dir, tokenizer).to(CUDA, torch.bfloat16)
+    engine = PagedEngine(model, tokenizer, block_size=16, kv_cache_bytes=64 * 2**20)
+    mempool = torch.cuda.MemPool()
+    engine.runner.share_memory(mempool)
+    prompts = [list(range(5, 5 + k)) for k in range(1, 40)]
+    first = greedy(engine, prompts, n=2)
+    address = engine.runner.kv_cache.data_ptr()
+    decode = engine.runner.graphs
+    assert decode is not None and decode.graphs
+
+    def reserved() -> int:
+        return sum(
+            s["total_size"]
+            for s in torch.cuda.memory_snapshot()
+            if tuple(s.get("segment_pool_id", ())) == tuple(mempool.id)
+        )
+
+    engine.release_memory()
+    before = reserved()
+    size = 48 * 2**20 // 4  # float32 elements: most of the released pool
+    graph = torch.cuda.CUDAGraph()
+    capture(graph, lambda: torch.full((size,), float("nan"), device=CUDA).sum(), mempool.id)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert reserved() - before <= 2 * 2**20  # carved out of the released KV pool (the sum: 2 MiB)
+    totals = dict(engine.totals)
+    assert greedy(engine, prompts, n=2) == first
+    assert engine.runner.kv_cache.data_ptr() == address
+    assert engine.runner.graphs is decode and decode.graphs  # kept, not captured again
+    assert engine.totals["gen_graph_capture_s"] == totals["gen_graph_capture_s"]
+    graph.replay()  # the update again, the pool released or not: the next generate is the same
+    engine.release_memory()
+    graph.replay()
+    assert greedy(engine, prompts, n=2) == first

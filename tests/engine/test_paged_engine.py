@@ -166,11 +166,13 @@ def test_released_pool_comes_back_for_the_next_generate(models, tokenizer, num_b
     engine = PagedEngine(model, tokenizer, block_size=4, num_blocks=num_blocks)
     first = engine.generate(PROMPTS, params)
     size = engine.num_blocks
+    restored = engine.totals["gen_restore_s"]
     engine.release_memory()
     assert engine.runner.released and engine.runner.kv_cache is None
     engine.release_memory()  # twice is harmless
     again = engine.generate(PROMPTS, params)
     assert not engine.runner.released and engine.num_blocks == size
     assert engine.runner.kv_cache.shape[2] == size
+    assert engine.totals["gen_restore_s"] > restored  # the trainer logs each step's share
     assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in first]
     SimpleEngine(model, tokenizer).release_memory()  # the protocol's no-op

@@ -347,6 +347,8 @@ def test_the_captured_step_has_the_launched_steps_gradient_on_cuda(
         cfg = micro_step_config(*base, f"train.cuda_graphs={cuda_graphs}")
         torch.manual_seed(0)
         learner = make_learner(cfg, tmp_path / cuda_graphs, cuda_policy(cfg, compiled))
+        if cuda_graphs == "run":  # captured in a shared mempool, as beside a paged engine
+            learner.mempool = torch.cuda.MemPool()
         learner.optimizer = RecordingSGD(learner.policy.model.parameters(), lr=0.0)
         learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda s: 1.0)
         steps = []

@@ -57,6 +57,24 @@ def decode_rows(seqs: list[Sequence], block_size: int, out: np.ndarray) -> None:
     out[OUTPUT_POSITIONS, :n] = [len(seq.output_ids) for seq in seqs]
 
 
+def capture(graph: torch.cuda.CUDAGraph, fn, pool=None):
+    """`fn()` captured into `graph` on a side stream (its memory in `pool`, a graph's or a
+    `torch.cuda.MemPool`'s handle, else a fresh private pool); returns what `fn` returned.
+    Unlike `torch.cuda.graph`, no device synchronization, `gc.collect` or `empty_cache` first:
+    those cost a step tens of milliseconds and make every later allocation of the step a fresh
+    `cudaMalloc` (the trainer's update and the decode graphs both capture between steps)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool=pool)
+        try:
+            out = fn()
+        finally:
+            graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
+    return out
+
+
 class DecodeGraphs:
     def __init__(self, runner, max_batch_size: int):
         self.runner = runner
@@ -96,8 +114,8 @@ class DecodeGraphs:
         return batch_size <= self.max_batch_size
 
     def check_params(self) -> None:
-        """Drop the graphs if any parameter tensor moved, or the adapters' state changed, since
-        capture."""
+        """Drop the graphs if any parameter tensor or the KV pool moved, or the adapters' state
+        changed, since capture."""
         key = self._capture_key()
         if key != self.capture_key:
             self.graphs.clear()
@@ -186,10 +204,9 @@ class DecodeGraphs:
             )
 
         step()  # compiles the Triton kernels and sets up cuBLAS outside the capture
-        torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with CAPTURE_LOCK, torch.cuda.graph(graph, pool=self.pool):
-            step()
+        with CAPTURE_LOCK:
+            capture(graph, step, self.pool)
         if self.pool is None:
             self.pool = graph.pool()
         self.graphs[bucket] = graph
@@ -197,4 +214,7 @@ class DecodeGraphs:
     def _capture_key(self) -> tuple:
         model, merged = self.runner.model, self.runner.merged
         merged_key = merged.graph_key() if merged is not None else None
-        return (tuple(p.data_ptr() for p in model.parameters()), adapter_state(model), merged_key)
+        kv = self.runner.kv_cache
+        kv_ptr = kv.data_ptr() if kv is not None else None
+        params = tuple(p.data_ptr() for p in model.parameters())
+        return (params, adapter_state(model), merged_key, kv_ptr)

@@ -11,6 +11,7 @@ returns a `LaunchedStep` to wait on, so the engine can queue the next decode fir
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -118,6 +119,9 @@ class ModelRunner:
         if lora_generation == "merged":
             self.merged = MergedAdapters(self.model)
             self.ops = replace(self.ops, linear=self.merged.linear)
+        # a torch.cuda.MemPool the KV pool lives in, shared with a trainer's captured update
+        # (`share_memory`); None: the allocator's default pool
+        self.kv_mempool = None
         self.kv_cache: torch.Tensor | None = self._new_pool(num_blocks)
         self._num_blocks = num_blocks
         self.max_num_seqs = max_num_seqs
@@ -134,13 +138,38 @@ class ModelRunner:
 
     def _new_pool(self, num_blocks: int) -> torch.Tensor:
         # zeros, not empty: decode attention masks the unused tail of a sequence's last page,
-        # and a masked NaN would still poison the weighted sum
+        # and a masked NaN would still poison the weighted sum (in a shared pool the memory
+        # holds the last update's activations)
         s = self.shape
-        return torch.zeros(
-            (s.num_layers, 2, num_blocks, self.block_size, s.num_kv_heads, s.head_dim),
-            dtype=self.dtype,
-            device=self.device,
-        )
+        shared = self.kv_mempool is not None
+        with torch.cuda.use_mem_pool(self.kv_mempool) if shared else contextlib.nullcontext():
+            return torch.zeros(
+                (s.num_layers, 2, num_blocks, self.block_size, s.num_kv_heads, s.head_dim),
+                dtype=self.dtype,
+                device=self.device,
+            )
+
+    def share_memory(self, mempool) -> None:
+        """From now on the KV pool lives in `mempool` (a `torch.cuda.MemPool`), where a trainer
+        sharing the device captures its update's graph while the pool is released: the update's
+        activations take the pool's memory in turn, and the memory counts once, not twice.
+        Released and restored, the pool comes back at the same address (the allocator's state
+        of the mempool is the same each time), so the decode graphs are kept across a release
+        (`check_params` drops them if it moved). Called between generates."""
+        self.kv_mempool = mempool
+        if self.kv_cache is not None:  # move the current pool in now, before any capture
+            self.kv_cache = None
+            self.kv_cache = self._new_pool(self._num_blocks)
+            self._new_graphs()
+
+    @property
+    def kv_bytes_in_mempool(self) -> int:
+        """The KV pool's bytes when it lives in the shared mempool (allocated or released)."""
+        if self.kv_mempool is None:
+            return 0
+        s = self.shape
+        per_block = s.num_layers * 2 * self.block_size * s.num_kv_heads * s.head_dim
+        return per_block * self._num_blocks * torch.finfo(self.dtype).bits // 8
 
     @property
     def num_blocks(self) -> int:
@@ -155,11 +184,13 @@ class ModelRunner:
         generates: nothing is cached across calls), so that a trainer sharing the device gets
         that memory for its update; `restore` takes it again at the next generate. A graph
         replays at fixed addresses, so the graphs go with the pool; they are captured again
-        lazily, one batch-size bucket at a time, as decode steps need them."""
+        lazily, one batch-size bucket at a time, as decode steps need them. In a shared mempool
+        (`share_memory`) the pool comes back at its address, so the graphs are kept."""
         if self.kv_cache is None:
             return
         self.kv_cache = None
-        self.graphs = None
+        if self.kv_mempool is None:  # (in a shared mempool the pool returns where it was)
+            self.graphs = None
         if self.merged is not None:
             self.merged.release()
 
@@ -172,7 +203,10 @@ class ModelRunner:
         except torch.OutOfMemoryError:  # the update's freed blocks, cached but split: return them
             torch.cuda.empty_cache()
             self.kv_cache = self._new_pool(self._num_blocks)
-        self._new_graphs()
+        if self.graphs is None:
+            self._new_graphs()
+        else:  # kept (shared mempool): replayed only if the pool came back at its address
+            self.graphs.check_params()
 
     def grow_pool(self, num_blocks: int) -> None:
         """A larger pool, between generates (its contents are not kept: no step is in flight and

@@ -68,6 +68,9 @@ class PagedEngine:
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self._stats = GenerationStats()
+        # over the engine's life, seconds spent taking the KV pool back after a release and
+        # capturing decode graphs (the trainer logs each step's share: `gen_restore_s`, ...)
+        self.totals = {"gen_restore_s": 0.0, "gen_graph_capture_s": 0.0}
         self.fallback: SimpleEngine | None = None
         self.lora_generation = "adapters"  # "merged" or "adapters", resolved below
         reason = unsupported_reason(model)
@@ -131,6 +134,7 @@ class PagedEngine:
             return self.fallback.generate(prompts, params)
         start = time.perf_counter()
         self.runner.restore()
+        self.totals["gen_restore_s"] += time.perf_counter() - start
         if self.pool_grows:
             self._grow_pool(prompts, params)
         scheduler = Scheduler(
@@ -160,6 +164,7 @@ class PagedEngine:
             if inflight is None:
                 break
         timers.capture = self.runner.graph_capture_seconds - capture_before
+        self.totals["gen_graph_capture_s"] += timers.capture
         self._record_stats(groups, scheduler, start, timers)
         return [[self._completion(seq) for seq in group] for group in groups]
 

@@ -25,6 +25,14 @@ How:
    step, and where it does not (`grad_ptrs` differ) a new graph is built, as when a step's
    micro-batches outgrow the shape.
 
+4. The graph's memory and generation's KV pool take turns on one `torch.cuda.MemPool`
+   (`share_memory`, set up with the learner): the KV pool is allocated in it, released before
+   the update, and the capture carves the activations out of the freed pool; the next rollout
+   allocates the KV pool at the same address again. So a kept graph holds no memory of its own
+   beside generation's (the step's footprint is the larger of the two, not their sum), and the
+   engine keeps its decode graphs across the update instead of capturing them every step.
+   Memory the pools hold but do not hand out is counted in the step's peaks (`held_bytes`).
+
 Not for: several processes (their collectives), a value head, mixture-of-experts models, an FSDP
 packed forward; there, and on a CPU, the update runs as before. A capture that fails prints why
 once and the run goes on without graphs.
@@ -40,6 +48,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from reinforge.distributed import is_distributed
+from reinforge.engine.cuda_graphs import capture
 from reinforge.metrics import console
 from reinforge.sharding import PACKED_FORWARD
 from reinforge.train.packing import PackedBatch
@@ -109,6 +118,7 @@ class UpdateGraph:
     phases: dict[str, int] = field(default_factory=dict)  # this step's runs by phase (metrics)
     outgrown: bool = False  # a similar micro-batch did not fit: the next step builds a new one
     grad_ptrs: tuple[int, ...] = ()  # where the gradients were when it was built (`flat_grads`)
+    pool: object | None = None  # the memory pool to capture in (`share_memory`); None: its own
 
     def takes(self, b: PackedBatch) -> bool:
         """Whether micro-batch `b` replays this graph: similar in size, and it fits (a similar
@@ -144,7 +154,7 @@ class UpdateGraph:
         if self.graph is None:
             try:
                 self.graph = torch.cuda.CUDAGraph()
-                self.outputs = _capture(self.graph, self.compute, self.static)
+                self.outputs = capture(self.graph, lambda: self.compute(self.static), self.pool)
             except Exception as e:  # any capture failure falls back, loudly
                 self.graph = self.outputs = None
                 console.print(
@@ -183,20 +193,11 @@ class UpdateGraph:
     def close(self) -> None:
         self.graph = self.outputs = self.static = None
 
-
-def _capture(graph: torch.cuda.CUDAGraph, compute, static) -> dict[str, torch.Tensor]:
-    """`compute(static)` captured into `graph` on a side stream, its memory in the graph's own
-    pool; unlike `torch.cuda.graph`, without a device synchronization and `empty_cache` first."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        graph.capture_begin()
-        try:
-            outputs = compute(static)
-        finally:
-            graph.capture_end()
-    torch.cuda.current_stream().wait_stream(stream)
-    return outputs
+    def pool_id(self) -> tuple[int, int] | None:
+        """The pool its memory lies in (a captured graph), else None."""
+        if self.graph is None:
+            return None
+        return tuple(self.pool) if self.pool is not None else tuple(self.graph.pool())
 
 
 def step_graph(
@@ -231,6 +232,7 @@ def step_graph(
         learner.graphs_failed = True
         learner.update_graph = None
 
+    mempool = getattr(learner, "mempool", None)
     graph = UpdateGraph(
         compute,
         shape,
@@ -238,10 +240,53 @@ def step_graph(
         on_failure=failed,
         capture=capture,
         grad_ptrs=ptrs,
+        pool=mempool.id if mempool is not None else None,
     )
     if graph.kept:
         learner.update_graph = graph
     return graph, frozenset(members)
+
+
+def share_memory(learner) -> None:
+    """Generation's KV pool and the update's captured graphs in one `torch.cuda.MemPool`
+    (module docstring, 4), where both exist: a local paged engine on CUDA and graphs on for the
+    run. Called once, with the learner, before the first rollout."""
+    engine = getattr(learner.policy, "engine", None)
+    runner = getattr(engine, "runner", None)
+    if runner is None or getattr(engine, "fallback", None) is not None:
+        return
+    if not (hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
+        return  # (torch before 2.7: each keeps its own memory, as before)
+    learner.mempool = torch.cuda.MemPool()
+    runner.share_memory(learner.mempool)
+
+
+def held_bytes(learner, phase: str) -> int:
+    """Memory the CUDA graphs' pools hold but do not count as allocated: a replay allocates
+    nothing, so `max_memory_allocated` does not see what a graph uses, yet no other tensor can
+    have it. For the phase just ended ("generate": the KV pool, in a shared mempool, was
+    allocated and counted then; "train"): the free bytes of the shared mempool or the kept
+    update graph's own pool, and of the engine's decode graphs' pool."""
+    pools: list[tuple[int, int]] = []
+    mempool = getattr(learner, "mempool", None)
+    kept = getattr(learner, "update_graph", None)
+    if mempool is not None:
+        pools.append(tuple(mempool.id))
+    elif kept is not None and kept.pool_id() is not None:
+        pools.append(kept.pool_id())
+    runner = getattr(getattr(learner.policy, "engine", None), "runner", None)
+    decode = getattr(runner, "graphs", None)
+    if getattr(decode, "pool", None) is not None:
+        pools.append(tuple(decode.pool))
+    if not pools:
+        return 0
+    free = 0
+    for segment in torch.cuda.memory_snapshot():
+        if tuple(segment.get("segment_pool_id", ())) in pools:
+            free += segment["total_size"] - segment["allocated_size"]
+    if phase == "generate" and mempool is not None:  # (released since: free now, counted then)
+        free -= runner.kv_bytes_in_mempool
+    return max(free, 0)
 
 
 def flat_grads(params: list[torch.nn.Parameter]) -> dict[torch.dtype, torch.Tensor]:

@@ -25,6 +25,7 @@ from reinforge.models.loading import load_model, model_source
 from reinforge.run import RunContext
 from reinforge.sharding import in_lockstep, is_replicated, shard_model
 from reinforge.train.loop.advantage_step import Algorithm, StepBatch
+from reinforge.train.loop.graphs import graph_blocker, share_memory
 from reinforge.train.loop.session import Policy
 from reinforge.train.packing.attention import select_packed_attention
 from reinforge.train.packing.forward import completion_rows, micro_batches, packed_logprobs
@@ -50,6 +51,7 @@ class Learner:
     graphs_noted: bool = False  # the run was told why train.cuda_graphs has no effect
     update_graph: object | None = None  # train.cuda_graphs = "run": the kept UpdateGraph
     grad_buffers: dict | None = None  # ... and the step's gradients' buffers (graphs.flat_grads)
+    mempool: object | None = None  # torch.cuda.MemPool shared by the KV pool and the update graph
 
     def checkpoint_state(self) -> dict:
         """What resume needs beyond the model, optimizer and RNG."""
@@ -87,6 +89,8 @@ def build_learner(
         state_dtype=STATE_DTYPES[o.state_dtype],
     )
     learner = Learner(policy, algorithm, optimizer, scheduler, reference, value_head)
+    if graph_blocker(cfg, learner) is None:  # the KV pool and the update's graphs take turns
+        share_memory(learner)
     if ckpt is not None and state.phase == "rl" and state.step > 0:
         extra = load_extra_state(ckpt)
         algorithm.load_state_dict(extra["algorithm"])

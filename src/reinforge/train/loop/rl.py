@@ -32,6 +32,7 @@ from reinforge.sharding import full_weights
 from reinforge.train.loop.advantage_step import assign_advantages, build_step_batch
 from reinforge.train.loop.diagnostics import headroom_eval, headroom_text, question_repeats
 from reinforge.train.loop.disaggregated import generate_for_trainers
+from reinforge.train.loop.graphs import held_bytes
 from reinforge.train.loop.learner import Learner, build_learner, score_with_models
 from reinforge.train.loop.nonfinite import enforce_non_finite_policy
 from reinforge.train.loop.run_notes import learning_notes
@@ -122,13 +123,16 @@ def rl_step(
     rollouts: LocalRollouts | RemoteRollouts = LOCAL,
 ) -> dict[str, float]:
     start = time.perf_counter()
+    totals = engine_totals(learner.policy)
     sampled, groups, sampling_metrics = rollouts.sample(cfg, learner.policy, tasks, state, step)
+    # this step's share of the engine's fixed costs (restoring its pool, capturing graphs)
+    engine_costs = {k: v - totals[k] for k, v in engine_totals(learner.policy).items()}
     if learner.policy.device.type == "cuda":
         # the KV pool and decode graphs are not needed until the next rollout: the update gets
         # their memory (a fresh pool costs a zero fill and a graph capture per batch size used)
         learner.policy.engine.release_memory()
     # read after the release, so the update's peak starts from what it keeps
-    generate_peak = device_memory_metrics(learner.policy.device, "generate")
+    generate_peak = device_memory_metrics(learner, "generate")
     gen_s = time.perf_counter() - start
     train_start = time.perf_counter()
     with faults.site("training") as poison:
@@ -144,6 +148,7 @@ def rl_step(
         **rollout_metrics(sampled),
         **episode_metrics(sampled),
         **sampling_metrics,
+        **engine_costs,
         **question_repeats(groups, learner.questions_seen),
         **shaping_metrics,
         **metrics,
@@ -153,10 +158,17 @@ def rl_step(
         "tokens_per_s": num_generated / max(gen_s, 1e-9),
         "lr": learner.scheduler.get_last_lr()[0],
         "data_position": float(state.data_position),
-        **peak_memory(generate_peak, device_memory_metrics(learner.policy.device, "train")),
+        **peak_memory(generate_peak, device_memory_metrics(learner, "train")),
         **faults.step_metrics(),
     }
     return reduce_metrics(metrics, SUMMED_OVER_RANKS | set(EPISODE_SUMS.values()), MAXED_OVER_RANKS)
+
+
+def engine_totals(policy) -> dict[str, float]:
+    """The local engine's running totals of its fixed costs (`PagedEngine.totals`), if it keeps
+    them (a remote or simple engine: none)."""
+    totals = getattr(getattr(policy, "engine", None), "totals", None)
+    return dict(totals) if isinstance(totals, dict) else {}
 
 
 # How a step's per-rank metrics combine in a distributed run (the rest: mean over ranks; the
@@ -169,6 +181,8 @@ MAXED_OVER_RANKS = {
     "gpu_peak_gib",
     "gpu_peak_generate_gib",
     "gpu_peak_train_gib",
+    "gen_restore_s",
+    "gen_graph_capture_s",
 }
 
 
@@ -287,13 +301,16 @@ def log_eval(
     return result.accuracy
 
 
-def device_memory_metrics(device: torch.device, phase: str) -> dict[str, float]:
+def device_memory_metrics(learner: Learner, phase: str) -> dict[str, float]:
     """Peak accelerator memory since the last call (GiB) as `gpu_peak_<phase>_gib`, then reset:
     one figure per phase of a step (the generation phase counts from the previous update's end,
-    the update from the rollout's)."""
+    the update from the rollout's). It adds what CUDA graphs' pools hold beyond what the
+    allocator counts as allocated (`graphs.held_bytes`: a replay allocates nothing), so a
+    replayed update's activations are in its peak."""
+    device = learner.policy.device
     if device.type != "cuda":
         return {}
-    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    peak = (torch.cuda.max_memory_allocated(device) + held_bytes(learner, phase)) / 2**30
     torch.cuda.reset_peak_memory_stats(device)
     return {f"gpu_peak_{phase}_gib": peak}
 
