@@ -57,13 +57,27 @@ def decode_rows(seqs: list[Sequence], block_size: int, out: np.ndarray) -> None:
     out[OUTPUT_POSITIONS, :n] = [len(seq.output_ids) for seq in seqs]
 
 
+_CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def capture_stream() -> torch.cuda.Stream:
+    """The one side stream of the current device that every capture runs on. One, not a new
+    one per capture: cuBLAS keeps a workspace (32 MiB on Hopper) per stream for the process's
+    life, and the allocator hands a freed block out again only on the stream it was allocated
+    on, so memory meant for a capture (`ModelRunner.share_memory`) is allocated on this one."""
+    device = torch.cuda.current_device()
+    if device not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[device] = torch.cuda.Stream()
+    return _CAPTURE_STREAMS[device]
+
+
 def capture(graph: torch.cuda.CUDAGraph, fn, pool=None):
-    """`fn()` captured into `graph` on a side stream (its memory in `pool`, a graph's or a
+    """`fn()` captured into `graph` on `capture_stream()` (its memory in `pool`, a graph's or a
     `torch.cuda.MemPool`'s handle, else a fresh private pool); returns what `fn` returned.
     Unlike `torch.cuda.graph`, no device synchronization, `gc.collect` or `empty_cache` first:
     those cost a step tens of milliseconds and make every later allocation of the step a fresh
     `cudaMalloc` (the trainer's update and the decode graphs both capture between steps)."""
-    stream = torch.cuda.Stream()
+    stream = capture_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         graph.capture_begin(pool=pool)

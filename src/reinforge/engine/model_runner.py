@@ -11,7 +11,6 @@ returns a `LaunchedStep` to wait on, so the engine can queue the next decode fir
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -29,6 +28,7 @@ from reinforge.engine.cuda_graphs import (
     NUM_ROW_FIELDS,
     POSITIONS,
     SLOTS,
+    capture_stream,
     decode_rows,
 )
 from reinforge.engine.lora_forward import causal_lm, prepare_adapters
@@ -141,13 +141,15 @@ class ModelRunner:
         # and a masked NaN would still poison the weighted sum (in a shared pool the memory
         # holds the last update's activations)
         s = self.shape
-        shared = self.kv_mempool is not None
-        with torch.cuda.use_mem_pool(self.kv_mempool) if shared else contextlib.nullcontext():
-            return torch.zeros(
-                (s.num_layers, 2, num_blocks, self.block_size, s.num_kv_heads, s.head_dim),
-                dtype=self.dtype,
-                device=self.device,
-            )
+        shape = (s.num_layers, 2, num_blocks, self.block_size, s.num_kv_heads, s.head_dim)
+        if self.kv_mempool is None:
+            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+        # allocated on the capture stream: the allocator reuses a freed block only on the
+        # stream it came from, and the update's capture runs there (zeroed on this stream,
+        # after whatever last used the memory)
+        with torch.cuda.stream(capture_stream()), torch.cuda.use_mem_pool(self.kv_mempool):
+            pool = torch.empty(shape, dtype=self.dtype, device=self.device)
+        return pool.zero_()
 
     def share_memory(self, mempool) -> None:
         """From now on the KV pool lives in `mempool` (a `torch.cuda.MemPool`), where a trainer

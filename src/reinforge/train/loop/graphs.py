@@ -261,19 +261,22 @@ def share_memory(learner) -> None:
     runner.share_memory(learner.mempool)
 
 
-def held_bytes(learner, phase: str) -> int:
+def held_bytes(learner, phase: str, captured: bool = False) -> int:
     """Memory the CUDA graphs' pools hold but do not count as allocated: a replay allocates
     nothing, so `max_memory_allocated` does not see what a graph uses, yet no other tensor can
     have it. For the phase just ended ("generate": the KV pool, in a shared mempool, was
     allocated and counted then; "train"): the free bytes of the shared mempool or the kept
-    update graph's own pool, and of the engine's decode graphs' pool."""
+    update graph's own pool, and of the engine's decode graphs' pool. An update that `captured`
+    its graph allocated the pool's activations while capturing (counted then): only the decode
+    graphs' pool is added."""
     pools: list[tuple[int, int]] = []
     mempool = getattr(learner, "mempool", None)
     kept = getattr(learner, "update_graph", None)
-    if mempool is not None:
-        pools.append(tuple(mempool.id))
-    elif kept is not None and kept.pool_id() is not None:
-        pools.append(kept.pool_id())
+    if not (phase == "train" and captured):
+        if mempool is not None:
+            pools.append(tuple(mempool.id))
+        elif kept is not None and kept.pool_id() is not None:
+            pools.append(kept.pool_id())
     runner = getattr(getattr(learner.policy, "engine", None), "runner", None)
     decode = getattr(runner, "graphs", None)
     if getattr(decode, "pool", None) is not None:

@@ -158,7 +158,10 @@ def rl_step(
         "tokens_per_s": num_generated / max(gen_s, 1e-9),
         "lr": learner.scheduler.get_last_lr()[0],
         "data_position": float(state.data_position),
-        **peak_memory(generate_peak, device_memory_metrics(learner, "train")),
+        **peak_memory(
+            generate_peak,
+            device_memory_metrics(learner, "train", captured=metrics.get("graph_capture", 0) > 0),
+        ),
         **faults.step_metrics(),
     }
     return reduce_metrics(metrics, SUMMED_OVER_RANKS | set(EPISODE_SUMS.values()), MAXED_OVER_RANKS)
@@ -301,7 +304,7 @@ def log_eval(
     return result.accuracy
 
 
-def device_memory_metrics(learner: Learner, phase: str) -> dict[str, float]:
+def device_memory_metrics(learner: Learner, phase: str, captured: bool = False) -> dict[str, float]:
     """Peak accelerator memory since the last call (GiB) as `gpu_peak_<phase>_gib`, then reset:
     one figure per phase of a step (the generation phase counts from the previous update's end,
     the update from the rollout's). It adds what CUDA graphs' pools hold beyond what the
@@ -310,7 +313,8 @@ def device_memory_metrics(learner: Learner, phase: str) -> dict[str, float]:
     device = learner.policy.device
     if device.type != "cuda":
         return {}
-    peak = (torch.cuda.max_memory_allocated(device) + held_bytes(learner, phase)) / 2**30
+    held = held_bytes(learner, phase, captured)
+    peak = (torch.cuda.max_memory_allocated(device) + held) / 2**30
     torch.cuda.reset_peak_memory_stats(device)
     return {f"gpu_peak_{phase}_gib": peak}
 
