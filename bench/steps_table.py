@@ -22,6 +22,9 @@ KEYS = [
     "graph_capture",
     "graph_replay",
     "graph_launched",
+    "gpu_pool_update_gib",
+    "gpu_pool_decode_gib",
+    "gpu_kv_gib",
 ]
 
 

@@ -261,35 +261,60 @@ def share_memory(learner) -> None:
     runner.share_memory(learner.mempool)
 
 
-def held_bytes(learner, phase: str, captured: bool = False) -> int:
-    """Memory the CUDA graphs' pools hold but do not count as allocated: a replay allocates
-    nothing, so `max_memory_allocated` does not see what a graph uses, yet no other tensor can
-    have it. For the phase just ended ("generate": the KV pool, in a shared mempool, was
-    allocated and counted then; "train"): the free bytes of the shared mempool or the kept
-    update graph's own pool, and of the engine's decode graphs' pool. An update that `captured`
-    its graph allocated the pool's activations while capturing (counted then): only the decode
-    graphs' pool is added."""
-    pools: list[tuple[int, int]] = []
+def held_pools(learner, phase: str = "train", captured: bool = False) -> dict[str, tuple]:
+    """The CUDA graph pools whose memory is reserved beside the allocated tensors, by name:
+    "update" (the shared mempool, or a kept update graph's own pool) and "decode" (the engine's
+    decode graphs'). An update that `captured` its graph this phase allocated the update pool's
+    activations while capturing (counted then): that pool is left out of its train phase."""
+    pools: dict[str, tuple] = {}
     mempool = getattr(learner, "mempool", None)
     kept = getattr(learner, "update_graph", None)
     if not (phase == "train" and captured):
         if mempool is not None:
-            pools.append(tuple(mempool.id))
+            pools["update"] = tuple(mempool.id)
         elif kept is not None and kept.pool_id() is not None:
-            pools.append(kept.pool_id())
+            pools["update"] = kept.pool_id()
     runner = getattr(getattr(learner.policy, "engine", None), "runner", None)
     decode = getattr(runner, "graphs", None)
     if getattr(decode, "pool", None) is not None:
-        pools.append(tuple(decode.pool))
-    if not pools:
-        return 0
-    free = 0
-    for segment in torch.cuda.memory_snapshot():
-        if tuple(segment.get("segment_pool_id", ())) in pools:
-            free += segment["total_size"] - segment["allocated_size"]
-    if phase == "generate" and mempool is not None:  # (released since: free now, counted then)
+        pools["decode"] = tuple(decode.pool)
+    return pools
+
+
+def pool_bytes(pools: dict[str, tuple]) -> dict[str, tuple[int, int]]:
+    """Each pool's (reserved, allocated) bytes."""
+    out = {name: (0, 0) for name in pools}
+    ids = {pool: name for name, pool in pools.items()}
+    for segment in torch.cuda.memory_snapshot() if pools else []:
+        name = ids.get(tuple(segment.get("segment_pool_id", ())))
+        if name is not None:
+            reserved, allocated = out[name]
+            out[name] = (reserved + segment["total_size"], allocated + segment["allocated_size"])
+    return out
+
+
+def held_bytes(learner, phase: str, captured: bool = False) -> int:
+    """Memory the CUDA graphs' pools hold but do not count as allocated: a replay allocates
+    nothing, so `max_memory_allocated` does not see what a graph uses, yet no other tensor can
+    have it. For the phase just ended ("generate": the KV pool, in a shared mempool, was
+    allocated and counted then; "train"): the free bytes of the pools of `held_pools`."""
+    sizes = pool_bytes(held_pools(learner, phase, captured))
+    free = sum(reserved - allocated for reserved, allocated in sizes.values())
+    if phase == "generate" and "update" in sizes and getattr(learner, "mempool", None) is not None:
+        runner = learner.policy.engine.runner  # (released since: free now, counted then)
         free -= runner.kv_bytes_in_mempool
     return max(free, 0)
+
+
+def pool_metrics(learner) -> dict[str, float]:
+    """The graph pools' reserved GiB (`gpu_pool_update_gib`, `gpu_pool_decode_gib`) and the KV
+    pool's where it lives in the shared mempool (`gpu_kv_gib`): what the peaks' held part is."""
+    sizes = pool_bytes(held_pools(learner))
+    out = {f"gpu_pool_{name}_gib": reserved / 2**30 for name, (reserved, _) in sizes.items()}
+    runner = getattr(getattr(learner.policy, "engine", None), "runner", None)
+    if getattr(learner, "mempool", None) is not None and runner is not None:
+        out["gpu_kv_gib"] = runner.kv_bytes_in_mempool / 2**30
+    return out
 
 
 def flat_grads(params: list[torch.nn.Parameter]) -> dict[torch.dtype, torch.Tensor]:

@@ -32,7 +32,7 @@ from reinforge.sharding import full_weights
 from reinforge.train.loop.advantage_step import assign_advantages, build_step_batch
 from reinforge.train.loop.diagnostics import headroom_eval, headroom_text, question_repeats
 from reinforge.train.loop.disaggregated import generate_for_trainers
-from reinforge.train.loop.graphs import held_bytes
+from reinforge.train.loop.graphs import held_bytes, pool_metrics
 from reinforge.train.loop.learner import Learner, build_learner, score_with_models
 from reinforge.train.loop.nonfinite import enforce_non_finite_policy
 from reinforge.train.loop.run_notes import learning_notes
@@ -163,6 +163,7 @@ def rl_step(
             device_memory_metrics(learner, "train", captured=metrics.get("graph_capture", 0) > 0),
         ),
         **faults.step_metrics(),
+        **(pool_metrics(learner) if learner.policy.device.type == "cuda" else {}),
     }
     return reduce_metrics(metrics, SUMMED_OVER_RANKS | set(EPISODE_SUMS.values()), MAXED_OVER_RANKS)
 
