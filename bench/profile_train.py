@@ -8,7 +8,8 @@ itself carries no profiling code).
 Without --memory: the update's device time by operator (sorted by CUDA time) to OUT_FILE.
 With --memory: the CUDA caching allocator's history over the update (`torch.cuda.memory`):
 the memory held when the update starts, the update's peak, and the blocks alive at that peak
-that the update allocated, largest first, each with the Python frames that allocated it, to
+that the update allocated, largest first, each with the Python frames that allocated it, then
+each memory pool besides the default (CUDA graphs', a shared MemPool) with what it still holds, to
 OUT_FILE (and the raw snapshot beside it, OUT_FILE.pickle, for `torch.cuda._memory_viz`).
 With --fsdp1 (before either): the trainer takes its distributed path over a world of one
 process: FSDP2 sharding, so FSDP's own cost (hooks, casts, copies, the optimizer on DTensor
@@ -167,6 +168,33 @@ def peak_report(snapshot: dict, held_at_start: int) -> str:
     return "\n".join(lines[:80])
 
 
+def pools_report(snapshot: dict) -> str:
+    """The memory pools other than the allocator's default (CUDA graphs' private pools, a shared
+    `torch.cuda.MemPool`): each pool's segments, reserved and allocated bytes, and its blocks
+    still allocated (largest first, with the frames that allocated them where recorded)."""
+    pools: dict[tuple, list[dict]] = defaultdict(list)
+    for segment in snapshot["segments"]:
+        pool = tuple(segment.get("segment_pool_id", (0, 0)))
+        if pool != (0, 0):
+            pools[pool].append(segment)
+    lines = ["", "memory pools besides the default one:"]
+    for pool, segments in sorted(pools.items()):
+        reserved = sum(s["total_size"] for s in segments)
+        allocated = sum(s["allocated_size"] for s in segments)
+        sizes = sorted((s["total_size"] for s in segments), reverse=True)
+        lines.append(
+            f"pool {pool}: {len(segments)} segments, reserved {reserved / GiB:.3f} GiB, "
+            f"allocated {allocated / GiB:.3f} GiB; largest segments (MiB): "
+            + ", ".join(f"{n / 2**20:.0f}" for n in sizes[:6])
+        )
+        blocks = [
+            b for s in segments for b in s.get("blocks", []) if b["state"] == "active_allocated"
+        ]
+        for b in sorted(blocks, key=lambda b: -b["size"])[:8]:
+            lines.append(f"    {b['size'] / 2**20:9.1f} MiB  {where(b.get('frames', []))}")
+    return "\n".join(lines)
+
+
 def memory_profiled(out_file: str):
     def measured(update, args, kwargs):
         torch.cuda.synchronize()
@@ -179,7 +207,7 @@ def memory_profiled(out_file: str):
         torch.cuda.memory._record_memory_history(enabled=None)
         with open(out_file + ".pickle", "wb") as f:
             pickle.dump(snapshot, f)
-        report = peak_report(snapshot, held)
+        report = peak_report(snapshot, held) + "\n" + pools_report(snapshot)
         with open(out_file, "w") as f:
             f.write(report + "\n")
         print(report, flush=True)

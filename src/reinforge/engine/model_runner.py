@@ -209,6 +209,7 @@ class ModelRunner:
             self._new_graphs()
         else:  # kept (shared mempool): replayed only if the pool came back at its address
             self.graphs.check_params()
+            self.graphs.forget_tables()  # (every row's page table is sent again)
 
     def grow_pool(self, num_blocks: int) -> None:
         """A larger pool, between generates (its contents are not kept: no step is in flight and
