@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from reinforge.engine import lora_forward, moe
 from reinforge.engine.attention import AttentionBackend, AttentionMetadata
 from reinforge.engine.lora_forward import causal_lm, is_lora_layer, linear
+from reinforge.models.fused import fused_weight
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", *moe.MOE_MODEL_TYPES)
 
@@ -147,9 +148,19 @@ def attention_block(
     linear: Callable[[torch.Tensor, Any], torch.Tensor] = linear,
 ) -> torch.Tensor:
     T = x_TE.shape[0]
-    q = linear(x_TE, attn.q_proj).view(T, shape.num_heads, shape.head_dim)
-    k = linear(x_TE, attn.k_proj).view(T, shape.num_kv_heads, shape.head_dim)
-    v = linear(x_TE, attn.v_proj).view(T, shape.num_kv_heads, shape.head_dim)
+    fused = fused_weight([attn.q_proj, attn.k_proj, attn.v_proj])
+    if fused is not None:  # one product (`models.fused`): the weights lie back to back
+        q_out, kv_out = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+        q, k, v = F.linear(x_TE, *fused).split([q_out, kv_out, kv_out], dim=-1)
+        if meta.is_prefill:  # (decode's kernels take the strided rows; prefill's copy them)
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        q = q.reshape(T, shape.num_heads, shape.head_dim)
+        k = k.reshape(T, shape.num_kv_heads, shape.head_dim)
+        v = v.reshape(T, shape.num_kv_heads, shape.head_dim)
+    else:
+        q = linear(x_TE, attn.q_proj).view(T, shape.num_heads, shape.head_dim)
+        k = linear(x_TE, attn.k_proj).view(T, shape.num_kv_heads, shape.head_dim)
+        v = linear(x_TE, attn.v_proj).view(T, shape.num_kv_heads, shape.head_dim)
     if getattr(attn, "q_norm", None) is not None:  # Qwen3
         q = rms_norm(q, attn.q_norm.weight, shape.rms_norm_eps)
         k = rms_norm(k, attn.k_norm.weight, shape.rms_norm_eps)
@@ -176,6 +187,10 @@ def mlp_block(
             routes_TK.copy_(ids_TK)
         return out_TE
     lin = ops.linear
+    fused = fused_weight([mlp.gate_proj, mlp.up_proj])
+    if fused is not None:  # one product (`models.fused`)
+        gate, up = F.linear(x_TE, *fused).chunk(2, dim=-1)
+        return lin(ops.silu_mul(gate, up), mlp.down_proj)
     return lin(ops.silu_mul(lin(x_TE, mlp.gate_proj), lin(x_TE, mlp.up_proj)), mlp.down_proj)
 
 

@@ -82,22 +82,29 @@ def add_rms_norm(
 
 
 @triton.jit
-def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n, stride_g, stride_u, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
-    g = tl.load(gate_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(up_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    g = tl.load(gate_ptr + row * stride_g + offs, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + row * stride_u + offs, mask=mask, other=0.0).to(tl.float32)
     act = (g * tl.sigmoid(g)).to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + offs, (act * u).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + row * n + offs, (act * u).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    assert gate.shape == up.shape and gate.is_contiguous() and up.is_contiguous()
-    out = torch.empty_like(gate)
-    n = gate.numel()
-    if n:
+    """silu(gate) * up over rows [T, I] that may be strided (the halves of one fused gate/up
+    product, `models.fused`); the result is contiguous."""
+    assert gate.shape == up.shape and gate.dim() == 2
+    assert gate.stride(-1) == 1 and up.stride(-1) == 1
+    rows, n = gate.shape
+    out = torch.empty((rows, n), dtype=gate.dtype, device=gate.device)
+    if rows and n:
         BLOCK = 2048
-        _silu_mul_kernel[(triton.cdiv(n, BLOCK),)](gate, up, out, n, BLOCK=BLOCK, num_warps=4)
+        grid = (rows, triton.cdiv(n, BLOCK))
+        _silu_mul_kernel[grid](
+            gate, up, out, n, gate.stride(0), up.stride(0), BLOCK=BLOCK, num_warps=4
+        )
     return out
 
 

@@ -91,6 +91,8 @@ def load_model(
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
+    from reinforge.distributed import is_distributed
+    from reinforge.models.fused import fuse_projections
     from reinforge.models.shapes import build_shape_model, is_shape_folder
 
     hf_logging.disable_progress_bar()
@@ -98,6 +100,8 @@ def load_model(
         model = build_shape_model(source, device, dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device)
+    if not is_distributed():  # (sharding wrappers take each parameter on its own)
+        fuse_projections(model)  # q/k/v and gate/up back to back: one product each in decode
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
