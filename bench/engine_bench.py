@@ -32,6 +32,7 @@ from reinforge.engine.base import SamplingParams  # noqa: E402
 from reinforge.engine.paged import PagedEngine  # noqa: E402
 from reinforge.engine.pool_size import kv_bytes_per_block  # noqa: E402
 from reinforge.engine.qwen_forward import ModelShape  # noqa: E402
+from reinforge.models.fused import fuse_projections  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -457,7 +458,16 @@ def run_workload(name: str, args, bw: float, flops: float) -> dict:
     log(f"  model built in {time.perf_counter() - t:.1f}s")
     prompts = random_prompts(config, w)
     num_seqs = w.num_prompts * w.n
+    unfused = None
+    if args.unfused_too:  # the projections one by one first, in the same process
+        unfused = run_reinforge(model, config, w, prompts, False)
+    # as the trainer loads a model (`load_model`): q/k/v and gate/up back to back
+    log(f"  fused projection groups: {fuse_projections(model)}")
     ours = run_reinforge(model, config, w, prompts, args.profile)
+    if unfused is not None:
+        ours["unfused"] = unfused
+        ours["fused_speedup"] = ours["tokens_per_s"] / unfused["tokens_per_s"]
+        log(f"  fused / unfused projections: {ours['fused_speedup']:.3f}x tokens/s")
     floor, roofline, param_bytes, kv_per_token = floor_seconds(
         model, config, w, w.new_tokens, num_seqs, bw, flops
     )
@@ -513,6 +523,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", action="append", choices=sorted(WORKLOADS))
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument(
+        "--unfused-too",
+        action="store_true",
+        help="also time the engine with q/k/v and gate/up as separate products (before fusing)",
+    )
     parser.add_argument("--hf-new-tokens", type=int, help="HF: time this many new tokens")
     parser.add_argument("--hf-batches", type=int, help="HF: time this many batches of 256")
     parser.add_argument("--profile", action="store_true", help="device time by kernel class")
