@@ -103,7 +103,7 @@ def profiled(out_file: str):
             f.write(f"update wall {wall:.3f} s (profiled), device kernels {busy:.3f} s\n\n")
             f.write(
                 averages.table(
-                    sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=45
+                    sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=90
                 )
             )
             f.write("\n\nby host time (self):\n")
