@@ -29,10 +29,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
 from reinforge.engine.base import SamplingParams  # noqa: E402
+from reinforge.engine.layout import fuse_projections  # noqa: E402
 from reinforge.engine.paged import PagedEngine  # noqa: E402
 from reinforge.engine.pool_size import kv_bytes_per_block  # noqa: E402
 from reinforge.engine.qwen_forward import ModelShape  # noqa: E402
-from reinforge.models.fused import fuse_projections  # noqa: E402
 
 
 @dataclass(frozen=True)

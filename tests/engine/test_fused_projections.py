@@ -1,4 +1,4 @@
-"""q/k/v and gate/up laid out back to back (`models.fused`): the parameters become views of one
+"""q/k/v and gate/up laid out back to back (`engine.layout`): the parameters become views of one
 tensor each, values and training unchanged, and the paged engine runs each group as one product
 with the same output as three (two) products, reading the weights in place after an optimizer
 step; where the layout is gone (a parameter replaced, LoRA on a module) it runs them one by one."""
@@ -10,9 +10,9 @@ import copy
 import pytest
 import torch
 
+from reinforge.engine import layout
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.paged import PagedEngine
-from reinforge.models import fused
 
 from .conftest import FAMILIES, build_model
 
@@ -22,7 +22,7 @@ PROMPTS = [[5, 6, 7], list(range(10, 18)), list(range(20, 37))]
 def fused_pair(family, micro_dir, tokenizer):
     plain = build_model(family, micro_dir, tokenizer)
     laid = copy.deepcopy(plain)
-    assert fused.fuse_projections(laid) == 2 * len(laid.model.layers)
+    assert layout.fuse_projections(laid) == 2 * len(laid.model.layers)
     return plain, laid
 
 
@@ -41,20 +41,20 @@ def test_fused_groups_are_views_with_the_same_values_and_the_same_generation(
     for (name, a), (_, b) in zip(plain.state_dict().items(), laid.state_dict().items()):
         assert torch.equal(a, b), name
     attn, mlp = laid.model.layers[0].self_attn, laid.model.layers[0].mlp
-    qkv = fused.fused_weight([attn.q_proj, attn.k_proj, attn.v_proj])
-    gate_up = fused.fused_weight([mlp.gate_proj, mlp.up_proj])
+    qkv = layout.fused_weight([attn.q_proj, attn.k_proj, attn.v_proj])
+    gate_up = layout.fused_weight([mlp.gate_proj, mlp.up_proj])
     assert qkv is not None and gate_up is not None
     assert qkv[0].data_ptr() == attn.q_proj.weight.data_ptr()
     torch.testing.assert_close(
         qkv[0], torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
     )
     assert (qkv[1] is not None) == (attn.q_proj.bias is not None)  # Qwen2's q/k/v biases
-    assert fused.fused_weight([plain.model.layers[0].mlp.gate_proj, mlp.up_proj]) is None
+    assert layout.fused_weight([plain.model.layers[0].mlp.gate_proj, mlp.up_proj]) is None
     ids = torch.tensor([list(range(3, 40))])
     torch.testing.assert_close(laid(ids).logits, plain(ids).logits, atol=0, rtol=0)
     # the engine takes the one-product path on the laid-out model (and not on the plain one)
     calls = []
-    real = fused.fused_weight
+    real = layout.fused_weight
 
     def counting(mods):
         out = real(mods)
@@ -87,7 +87,7 @@ def test_training_is_unchanged_and_the_engine_reads_the_step_in_place(micro_dir,
         torch.testing.assert_close(b.grad, a.grad, atol=1e-6, rtol=1e-5, msg=name)
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-5, msg=name)
     mlp = laid.model.layers[1].mlp
-    weight, _ = fused.fused_weight([mlp.gate_proj, mlp.up_proj])
+    weight, _ = layout.fused_weight([mlp.gate_proj, mlp.up_proj])
     assert torch.equal(weight, torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
     assert decode(laid.eval(), tokenizer)[0] == decode(plain.eval(), tokenizer)[0]
 
@@ -98,13 +98,13 @@ def test_a_replaced_parameter_or_a_lora_module_runs_the_products_one_by_one(micr
     plain, laid = fused_pair("qwen2", micro_dir, tokenizer)
     attn = laid.model.layers[0].self_attn
     attn.k_proj.weight = torch.nn.Parameter(attn.k_proj.weight.detach().clone())
-    assert fused.fused_weight([attn.q_proj, attn.k_proj, attn.v_proj]) is None
+    assert layout.fused_weight([attn.q_proj, attn.k_proj, attn.v_proj]) is None
     assert decode(laid, tokenizer)[0] == decode(plain, tokenizer)[0]
     config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
     peft = get_peft_model(fused_pair("qwen2", micro_dir, tokenizer)[1], config)
     layer = peft.base_model.model.model.layers[1]
-    assert fused.fused_weight([layer.self_attn.q_proj, layer.self_attn.k_proj]) is None
-    assert fused.fused_weight([layer.mlp.gate_proj, layer.mlp.up_proj]) is not None
+    assert layout.fused_weight([layer.self_attn.q_proj, layer.self_attn.k_proj]) is None
+    assert layout.fused_weight([layer.mlp.gate_proj, layer.mlp.up_proj]) is not None
     assert decode(peft, tokenizer)[0] == decode(plain, tokenizer)[0]  # B = 0: the base model
 
 
@@ -123,4 +123,4 @@ def test_load_model_lays_the_groups_out(micro_dir):
 
     model = load_model(str(micro_dir), torch.device("cpu"), torch.float32)
     mlp = model.model.layers[0].mlp
-    assert fused.fused_weight([mlp.gate_proj, mlp.up_proj]) is not None
+    assert layout.fused_weight([mlp.gate_proj, mlp.up_proj]) is not None

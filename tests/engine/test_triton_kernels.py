@@ -194,7 +194,7 @@ def test_add_rms_norm_and_silu_mul_match_torch(dtype, with_delta):
     got = triton_ops.silu_mul(gate.to(DEVICE), up.to(DEVICE))
     ref = torch.nn.functional.silu(gate) * up
     torch.testing.assert_close(got.cpu(), ref, atol=atol, rtol=1e-2)
-    # the halves of one fused gate/up product: strided rows (`models.fused`)
+    # the halves of one fused gate/up product: strided rows (`engine.layout`)
     halves = torch.cat([gate, up], dim=1).to(DEVICE).chunk(2, dim=1)
     assert not halves[0].is_contiguous()
     torch.testing.assert_close(triton_ops.silu_mul(*halves).cpu(), got.cpu(), atol=0, rtol=0)

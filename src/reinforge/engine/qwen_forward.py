@@ -30,8 +30,8 @@ import torch.nn.functional as F
 
 from reinforge.engine import lora_forward, moe
 from reinforge.engine.attention import AttentionBackend, AttentionMetadata
+from reinforge.engine.layout import fused_weight
 from reinforge.engine.lora_forward import causal_lm, is_lora_layer, linear
-from reinforge.models.fused import fused_weight
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", *moe.MOE_MODEL_TYPES)
 
@@ -149,7 +149,7 @@ def attention_block(
 ) -> torch.Tensor:
     T = x_TE.shape[0]
     fused = fused_weight([attn.q_proj, attn.k_proj, attn.v_proj])
-    if fused is not None:  # one product (`models.fused`): the weights lie back to back
+    if fused is not None:  # one product (`engine.layout`): the weights lie back to back
         q_out, kv_out = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
         q, k, v = F.linear(x_TE, *fused).split([q_out, kv_out, kv_out], dim=-1)
         if meta.is_prefill:  # (decode's kernels take the strided rows; prefill's copy them)
@@ -188,8 +188,9 @@ def mlp_block(
         return out_TE
     lin = ops.linear
     fused = fused_weight([mlp.gate_proj, mlp.up_proj])
-    if fused is not None:  # one product (`models.fused`)
-        gate, up = F.linear(x_TE, *fused).chunk(2, dim=-1)
+    if fused is not None:  # one product (`engine.layout`)
+        outs = [mlp.gate_proj.out_features, mlp.up_proj.out_features]
+        gate, up = F.linear(x_TE, *fused).split(outs, dim=-1)
         return lin(ops.silu_mul(gate, up), mlp.down_proj)
     return lin(ops.silu_mul(lin(x_TE, mlp.gate_proj), lin(x_TE, mlp.up_proj)), mlp.down_proj)
 

@@ -94,7 +94,7 @@ def _silu_mul_kernel(gate_ptr, up_ptr, out_ptr, n, stride_g, stride_u, BLOCK: tl
 
 def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up over rows [T, I] that may be strided (the halves of one fused gate/up
-    product, `models.fused`); the result is contiguous."""
+    product, `engine.layout`); the result is contiguous."""
     assert gate.shape == up.shape and gate.dim() == 2
     assert gate.stride(-1) == 1 and up.stride(-1) == 1
     rows, n = gate.shape

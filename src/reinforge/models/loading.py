@@ -92,7 +92,7 @@ def load_model(
     from transformers.utils import logging as hf_logging
 
     from reinforge.distributed import is_distributed
-    from reinforge.models.fused import fuse_projections
+    from reinforge.engine.layout import fuse_projections
     from reinforge.models.shapes import build_shape_model, is_shape_folder
 
     hf_logging.disable_progress_bar()
