@@ -33,6 +33,7 @@ from reinforge.engine.cuda_graphs import (
 )
 from reinforge.engine.lora_forward import causal_lm, prepare_adapters
 from reinforge.engine.lora_merge import MergedAdapters
+from reinforge.engine.pool_size import kv_bytes_per_block
 from reinforge.engine.qwen_forward import TORCH_OPS, ForwardOps, ModelShape, forward, rope_table
 from reinforge.engine.sampling import row_uniform, sample_keyed
 from reinforge.engine.scheduler import Batch
@@ -169,9 +170,7 @@ class ModelRunner:
         """The KV pool's bytes when it lives in the shared mempool (allocated or released)."""
         if self.kv_mempool is None:
             return 0
-        s = self.shape
-        per_block = s.num_layers * 2 * self.block_size * s.num_kv_heads * s.head_dim
-        return per_block * self._num_blocks * torch.finfo(self.dtype).bits // 8
+        return kv_bytes_per_block(self.model, self.block_size) * self._num_blocks
 
     @property
     def num_blocks(self) -> int:

@@ -281,11 +281,14 @@ def held_pools(learner, phase: str = "train", captured: bool = False) -> dict[st
     return pools
 
 
-def pool_bytes(pools: dict[str, tuple]) -> dict[str, tuple[int, int]]:
-    """Each pool's (reserved, allocated) bytes."""
+def pool_bytes(pools: dict[str, tuple], segments: list | None = None) -> dict[str, tuple[int, int]]:
+    """Each pool's (reserved, allocated) bytes, from the allocator's `segments`
+    (`torch.cuda.memory_snapshot()`, taken here when not given)."""
     out = {name: (0, 0) for name in pools}
     ids = {pool: name for name, pool in pools.items()}
-    for segment in torch.cuda.memory_snapshot() if pools else []:
+    if pools and segments is None:
+        segments = torch.cuda.memory_snapshot()
+    for segment in segments if pools else []:
         name = ids.get(tuple(segment.get("segment_pool_id", ())))
         if name is not None:
             reserved, allocated = out[name]
@@ -293,12 +296,12 @@ def pool_bytes(pools: dict[str, tuple]) -> dict[str, tuple[int, int]]:
     return out
 
 
-def held_bytes(learner, phase: str, captured: bool = False) -> int:
+def held_bytes(learner, phase: str, captured: bool = False, segments: list | None = None) -> int:
     """Memory the CUDA graphs' pools hold but do not count as allocated: a replay allocates
     nothing, so `max_memory_allocated` does not see what a graph uses, yet no other tensor can
     have it. For the phase just ended ("generate": the KV pool, in a shared mempool, was
     allocated and counted then; "train"): the free bytes of the pools of `held_pools`."""
-    sizes = pool_bytes(held_pools(learner, phase, captured))
+    sizes = pool_bytes(held_pools(learner, phase, captured), segments)
     free = sum(reserved - allocated for reserved, allocated in sizes.values())
     if phase == "generate" and "update" in sizes and getattr(learner, "mempool", None) is not None:
         runner = learner.policy.engine.runner  # (released since: free now, counted then)
@@ -306,10 +309,10 @@ def held_bytes(learner, phase: str, captured: bool = False) -> int:
     return max(free, 0)
 
 
-def pool_metrics(learner) -> dict[str, float]:
+def pool_metrics(learner, segments: list | None = None) -> dict[str, float]:
     """The graph pools' reserved GiB (`gpu_pool_update_gib`, `gpu_pool_decode_gib`) and the KV
     pool's where it lives in the shared mempool (`gpu_kv_gib`): what the peaks' held part is."""
-    sizes = pool_bytes(held_pools(learner))
+    sizes = pool_bytes(held_pools(learner), segments)
     out = {f"gpu_pool_{name}_gib": reserved / 2**30 for name, (reserved, _) in sizes.items()}
     runner = getattr(getattr(learner.policy, "engine", None), "runner", None)
     if getattr(learner, "mempool", None) is not None and runner is not None:

@@ -158,12 +158,8 @@ def rl_step(
         "tokens_per_s": num_generated / max(gen_s, 1e-9),
         "lr": learner.scheduler.get_last_lr()[0],
         "data_position": float(state.data_position),
-        **peak_memory(
-            generate_peak,
-            device_memory_metrics(learner, "train", captured=metrics.get("graph_capture", 0) > 0),
-        ),
+        **train_memory_metrics(learner, generate_peak, metrics.get("graph_capture", 0) > 0),
         **faults.step_metrics(),
-        **(pool_metrics(learner) if learner.policy.device.type == "cuda" else {}),
     }
     return reduce_metrics(metrics, SUMMED_OVER_RANKS | set(EPISODE_SUMS.values()), MAXED_OVER_RANKS)
 
@@ -305,7 +301,19 @@ def log_eval(
     return result.accuracy
 
 
-def device_memory_metrics(learner: Learner, phase: str, captured: bool = False) -> dict[str, float]:
+def train_memory_metrics(learner: Learner, generate_peak: dict, captured: bool) -> dict:
+    """The update's peak, the step's peaks and the graph pools' sizes, from one allocator
+    snapshot (`captured`: the update captured its graph)."""
+    if learner.policy.device.type != "cuda":
+        return {}
+    segments = torch.cuda.memory_snapshot()
+    train_peak = device_memory_metrics(learner, "train", captured, segments)
+    return peak_memory(generate_peak, train_peak) | pool_metrics(learner, segments)
+
+
+def device_memory_metrics(
+    learner: Learner, phase: str, captured: bool = False, segments: list | None = None
+) -> dict[str, float]:
     """Peak accelerator memory since the last call (GiB) as `gpu_peak_<phase>_gib`, then reset:
     one figure per phase of a step (the generation phase counts from the previous update's end,
     the update from the rollout's). It adds what CUDA graphs' pools hold beyond what the
@@ -314,7 +322,7 @@ def device_memory_metrics(learner: Learner, phase: str, captured: bool = False) 
     device = learner.policy.device
     if device.type != "cuda":
         return {}
-    held = held_bytes(learner, phase, captured)
+    held = held_bytes(learner, phase, captured, segments)
     peak = (torch.cuda.max_memory_allocated(device) + held) / 2**30
     torch.cuda.reset_peak_memory_stats(device)
     return {f"gpu_peak_{phase}_gib": peak}
