@@ -4,6 +4,7 @@ itself carries no profiling code).
     python bench/profile_train.py STEP OUT_FILE train CONFIG [k=v ...]
     python bench/profile_train.py --memory STEP OUT_FILE train CONFIG [k=v ...]
     python bench/profile_train.py --fsdp1 STEP OUT_FILE train CONFIG [k=v ...]
+    python bench/profile_train.py --sections OUT_FILE train CONFIG [k=v ...]
 
 Without --memory: the update's device time by operator (sorted by CUDA time) to OUT_FILE.
 With --memory: the CUDA caching allocator's history over the update (`torch.cuda.memory`):
@@ -11,6 +12,8 @@ the memory held when the update starts, the update's peak, and the blocks alive 
 that the update allocated, largest first, each with the Python frames that allocated it, then
 each memory pool besides the default (CUDA graphs', a shared MemPool) with what it still holds, to
 OUT_FILE (and the raw snapshot beside it, OUT_FILE.pickle, for `torch.cuda._memory_viz`).
+With --sections: every step's train phase split into its parts (`SECTIONS`), each between two
+device synchronizations, one line per step to OUT_FILE.
 With --fsdp1 (before either): the trainer takes its distributed path over a world of one
 process: FSDP2 sharding, so FSDP's own cost (hooks, casts, copies, the optimizer on DTensor
 shards) shows on one GPU, apart from any communication; or, with `distributed.strategy=replicate`,
@@ -216,6 +219,74 @@ def memory_profiled(out_file: str):
     return measured
 
 
+# The train phase's parts (`rl.rl_step` after the rollout), each timed between two device
+# synchronizations by `--sections`: (module, attribute) -> label.
+SECTIONS = {
+    ("rl", "build_step_batch"): "build the step's batch",
+    ("rl", "score_with_models"): "reward / reference models",
+    ("rl", "assign_advantages"): "advantages",
+    ("update", "start_grads"): "gradient buffer",
+    ("update", "to_floats"): "micro-batches (left in the queue at the metrics' read)",
+    ("update", "optimizer_step"): "clip + optimizer step",
+    ("update", "measure_policy_change"): "policy-change probe",
+    ("rl", "update_policy"): "the whole update",
+}
+
+
+def sectioned(out_file: str) -> None:
+    """Each of SECTIONS in every step wrapped: synchronize, time, synchronize; each step's
+    seconds per part (and the train phase's rest) appended to OUT_FILE and printed. The
+    synchronizations remove the overlap between parts, so the parts add up to a little more
+    than an unsynchronized step's `train_s`."""
+    import reinforge.train.loop.update as update_module
+
+    modules = {"rl": rl, "update": update_module}
+    times: dict[str, float] = defaultdict(float)
+
+    def timed(fn, label):
+        def wrapper(*args, **kwargs):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if torch.cuda.is_available():
+                    torch.cuda.synchronize()
+                times[label] += time.perf_counter() - start
+
+        return wrapper
+
+    for (module, name), label in SECTIONS.items():
+        setattr(modules[module], name, timed(getattr(modules[module], name), label))
+    real_metrics = rl.train_memory_metrics
+    steps = {"n": 0}
+
+    def report(*args, **kwargs):  # called once per step, after the update
+        steps["n"] += 1
+        whole = times.pop("the whole update", 0.0)
+        inside = sum(v for k, v in times.items() if k in INSIDE_UPDATE)
+        line = f"step {steps['n']}: update {whole:.3f} s = " + ", ".join(
+            f"{k} {v:.3f}" for k, v in times.items()
+        )
+        line += f"; the update's rest (packing, copies, launches) {whole - inside:.3f}"
+        print(line, flush=True)
+        with open(out_file, "a") as f:
+            f.write(line + "\n")
+        times.clear()
+        return real_metrics(*args, **kwargs)
+
+    rl.train_memory_metrics = report
+
+
+INSIDE_UPDATE = {
+    "gradient buffer",
+    "micro-batches (left in the queue at the metrics' read)",
+    "clip + optimizer step",
+    "policy-change probe",
+}
+
+
 def shard_over_one_process() -> None:
     """A process group of one and `is_distributed()` true: the trainer then takes its torchrun
     path (FSDP2 or a replica, `distributed.strategy`) exactly as under torchrun."""
@@ -236,6 +307,9 @@ if __name__ == "__main__":
     if argv[0] == "--fsdp1":
         shard_over_one_process()
         argv = argv[1:]
+    if argv[0] == "--sections":
+        sectioned(argv[1])
+        sys.exit(main(argv[2:]))
     memory = argv[0] == "--memory"
     argv = argv[1:] if memory else argv
     step, out_file, argv = int(argv[0]), argv[1], argv[2:]

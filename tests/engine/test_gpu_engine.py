@@ -204,3 +204,44 @@ def test_a_shared_mempool_takes_turns_and_keeps_the_decode_graphs(micro_dir, tok
     engine.release_memory()
     graph.replay()
     assert greedy(engine, prompts, n=2) == first
+
+
+def test_a_capture_leaves_no_blas_workspace_in_its_pool():
+    """cuBLAS makes a workspace per stream at the stream's first matrix product and keeps it
+    for the process's life: made inside a capture into a shared mempool, it would stay there as
+    a live block splitting the memory that the KV pool and the update take in turn (session 21:
+    a 32 MiB block 540 MiB into G1's mempool grew it from 1.6 to 2.1 GiB). The capture stream
+    makes its workspaces when it is created (`warm_blas`), outside any pool, so after capturing
+    products of each kind, forward and backward (autograd's own thread has its own cuBLAS
+    handle), the mempool holds only the graph's outputs."""
+    from reinforge.engine import cuda_graphs
+
+    cuda_graphs._CAPTURE_STREAMS.clear()  # a fresh stream, as in a new process
+    with torch.inference_mode():  # made where the engine first captures (s21d: it raised)
+        cuda_graphs.capture_stream()
+    mempool = torch.cuda.MemPool()
+    a = torch.randn(256, 256, device=CUDA, dtype=torch.bfloat16)
+    b = a.float()
+    w = torch.randn(256, 256, device=CUDA, requires_grad=True)
+    w.grad = torch.zeros_like(w)  # (outside the pool: the backward adds into it)
+
+    def products():
+        out = torch.mm(a, a) + torch.addmm(a[0], a, a.t())
+        out = out.float() + torch.nn.functional.linear(b, b, b[0]) + b.t() @ b
+        (b @ w).square().sum().backward()
+        return out
+
+    graph = torch.cuda.CUDAGraph()
+    out = cuda_graphs.capture(graph, products, mempool.id)
+    graph.replay()
+    torch.cuda.synchronize()
+    allocated = sum(
+        s["allocated_size"]
+        for s in torch.cuda.memory_snapshot()
+        if tuple(s.get("segment_pool_id", ())) == tuple(mempool.id)
+    )
+    assert out.numel() * out.element_size() <= allocated <= 2**20, allocated
+    grad = w.grad.clone()
+    w.grad.zero_()
+    torch.testing.assert_close(out, products(), rtol=1e-2, atol=1e-1)
+    torch.testing.assert_close(w.grad, grad, rtol=1e-3, atol=1e-2)  # the replay's backward ran

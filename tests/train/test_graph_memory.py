@@ -54,6 +54,16 @@ def test_the_update_phase_adds_the_free_bytes_of_the_shared_mempool_and_the_deco
     assert graphs.held_bytes(learner(), "train") == free_mempool + 20 * 2**20
 
 
+def test_the_update_phase_counts_gradients_in_the_mempool_once():
+    """The step's gradient buffer, allocated in the shared mempool (`flat_grads`), was counted
+    as allocated at the update's peak and is free in the mempool by the step's end."""
+    pooled = learner()
+    pooled.grad_bytes_in_mempool = GiB // 2
+    free_mempool = 2 * GiB + 2**21 - 2**10
+    assert graphs.held_bytes(pooled, "train") == free_mempool - GiB // 2 + 20 * 2**20
+    assert graphs.held_bytes(pooled, "generate") == graphs.held_bytes(learner(), "generate")
+
+
 def test_generation_counts_the_kv_pool_once():
     """The KV pool was allocated (and counted) while generating; released since, it is free in
     the mempool now: the generate phase adds the mempool's free bytes less the KV pool."""

@@ -187,8 +187,9 @@ def test_a_kept_graphs_gradients_are_one_buffer_freed_after_each_step(monkeypatc
     made: list[dict] = []
     real_flat = graphs.flat_grads
 
-    def recording_flat(params):
-        buffers = real_flat(params)
+    def recording_flat(params, mempool=None):
+        assert mempool is None  # (a CPU run has no shared mempool)
+        buffers = real_flat(params, mempool)
         for p in params:  # every gradient lies in its dtype's buffer
             base = buffers[p.dtype]
             assert p.grad.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
@@ -406,3 +407,44 @@ def test_a_capture_that_fails_says_so_once_and_the_step_goes_on_launched(
     out = capsys.readouterr().out
     assert out.count("train.cuda_graphs: capturing the update failed") == 1, out
     assert "the run goes on without graphs" in out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gradients_in_the_shared_mempool_take_the_released_kv_pools_memory_each_step():
+    """`flat_grads` with the shared mempool: the step's gradient buffer is carved out of the
+    memory the released KV pool left (the mempool does not grow), lands at the same address
+    every step (so a kept graph is not rebuilt), and the KV pool, allocated again after the
+    gradients are freed, is back at its address too."""
+    from reinforge.engine.cuda_graphs import capture_stream
+
+    mempool = torch.cuda.MemPool()
+    # (above the allocator's 1 MiB small-block bound: blocks of the large pools, like G1's)
+    params = [torch.nn.Parameter(torch.randn(n, device="cuda")) for n in (300_000, 5, 700_000)]
+
+    def kv_pool():
+        with torch.cuda.stream(capture_stream()), torch.cuda.use_mem_pool(mempool):
+            return torch.empty(4 * 2**20, device="cuda")  # 16 MiB, more than the gradients
+
+    def reserved() -> int:
+        return sum(
+            s["total_size"]
+            for s in torch.cuda.memory_snapshot()
+            if tuple(s.get("segment_pool_id", ())) == tuple(mempool.id)
+        )
+
+    kv = kv_pool()
+    kv_address, size = kv.data_ptr(), reserved()
+    addresses = set()
+    for _ in range(3):
+        del kv  # released for the update
+        buffers = graphs.flat_grads(params, mempool)
+        addresses.add(graphs.grad_ptrs(buffers))
+        assert all(p.grad.abs().sum().item() == 0 for p in params)  # zeroed
+        assert buffers[torch.float32].data_ptr() == kv_address
+        for p in params:
+            p.grad = None
+        del buffers
+        kv = kv_pool()
+        assert kv.data_ptr() == kv_address
+    assert len(addresses) == 1 and reserved() == size

@@ -28,10 +28,14 @@ How:
 4. The graph's memory and generation's KV pool take turns on one `torch.cuda.MemPool`
    (`share_memory`, set up with the learner): the KV pool is allocated in it, released before
    the update, and the capture carves the activations out of the freed pool; the next rollout
-   allocates the KV pool at the same address again. So a kept graph holds no memory of its own
-   beside generation's (the step's footprint is the larger of the two, not their sum), and the
-   engine keeps its decode graphs across the update instead of capturing them every step.
-   Memory the pools hold but do not hand out is counted in the step's peaks (`held_bytes`).
+   allocates the KV pool at the same address again. The step's gradient buffer is allocated in
+   it too (`flat_grads`), so the update's whole transient memory, gradients and activations,
+   and generation's KV pool take turns: a kept graph holds no memory of its own beside
+   generation's (the step's footprint is the larger of the two, not their sum), and the engine
+   keeps its decode graphs across the update instead of capturing them every step. The capture
+   stream's cuBLAS workspaces are made before any capture (`cuda_graphs.warm_blas`), so no
+   lasting block splits the mempool. Memory the pools hold but do not hand out is counted in
+   the step's peaks (`held_bytes`).
 
 Not for: several processes (their collectives), a value head, mixture-of-experts models, an FSDP
 packed forward; there, and on a CPU, the update runs as before. A capture that fails prints why
@@ -48,7 +52,7 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from reinforge.distributed import is_distributed
-from reinforge.engine.cuda_graphs import capture
+from reinforge.engine.cuda_graphs import capture, capture_stream
 from reinforge.metrics import console
 from reinforge.sharding import PACKED_FORWARD
 from reinforge.train.packing import PackedBatch
@@ -303,9 +307,12 @@ def held_bytes(learner, phase: str, captured: bool = False, segments: list | Non
     allocated and counted then; "train"): the free bytes of the pools of `held_pools`."""
     sizes = pool_bytes(held_pools(learner, phase, captured), segments)
     free = sum(reserved - allocated for reserved, allocated in sizes.values())
-    if phase == "generate" and "update" in sizes and getattr(learner, "mempool", None) is not None:
-        runner = learner.policy.engine.runner  # (released since: free now, counted then)
-        free -= runner.kv_bytes_in_mempool
+    if "update" in sizes and getattr(learner, "mempool", None) is not None:
+        # what the phase allocated in the mempool and freed by its end: free now, counted then
+        if phase == "generate":
+            free -= learner.policy.engine.runner.kv_bytes_in_mempool
+        elif phase == "train":
+            free -= getattr(learner, "grad_bytes_in_mempool", 0)  # (gradients: `flat_grads`)
     return max(free, 0)
 
 
@@ -320,14 +327,26 @@ def pool_metrics(learner, segments: list | None = None) -> dict[str, float]:
     return out
 
 
-def flat_grads(params: list[torch.nn.Parameter]) -> dict[torch.dtype, torch.Tensor]:
+def flat_grads(params: list[torch.nn.Parameter], mempool=None) -> dict[torch.dtype, torch.Tensor]:
     """Each parameter's `.grad` set to a zeroed view of one buffer per dtype (returned): a kept
-    graph's backward adds into them in place (AccumulateGrad adds into an existing `.grad`)."""
+    graph's backward adds into them in place (AccumulateGrad adds into an existing `.grad`).
+
+    With `mempool` (the shared one, `share_memory`) the buffers are allocated in it, on the
+    capture stream, like the KV pool: the update's gradients and activations then take turns
+    with generation's KV pool in one region (the step's footprint is the larger of the two), and
+    the allocator, whose state of the mempool is the same at each update's start, hands out the
+    same address each step. Zeroed on the current stream, after whatever used the memory last."""
     sizes: dict[torch.dtype, int] = {}
     for p in params:
         sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
     device = params[0].device
-    buffers = {dt: torch.zeros(n, dtype=dt, device=device) for dt, n in sizes.items()}
+    if mempool is None:
+        buffers = {dt: torch.zeros(n, dtype=dt, device=device) for dt, n in sizes.items()}
+    else:
+        with torch.cuda.stream(capture_stream()), torch.cuda.use_mem_pool(mempool):
+            buffers = {dt: torch.empty(n, dtype=dt, device=device) for dt, n in sizes.items()}
+        for buffer in buffers.values():
+            buffer.zero_()
     offsets = dict.fromkeys(sizes, 0)
     for p in params:
         start = offsets[p.dtype]

@@ -52,6 +52,7 @@ class Learner:
     update_graph: object | None = None  # train.cuda_graphs = "run": the kept UpdateGraph
     grad_buffers: dict | None = None  # ... and the step's gradients' buffers (graphs.flat_grads)
     mempool: object | None = None  # torch.cuda.MemPool shared by the KV pool and the update graph
+    grad_bytes_in_mempool: int = 0  # the step's gradient buffer's bytes, where it is in `mempool`
 
     def checkpoint_state(self) -> dict:
         """What resume needs beyond the model, optimizer and RNG."""

@@ -156,7 +156,12 @@ def start_grads(cfg: TrainConfig, learner: Learner) -> None:
         and graph_mode(cfg, learner.policy.setup.memory) == "run"
     ):
         params = [p for p in learner.policy.model.parameters() if p.requires_grad]
-        learner.grad_buffers = flat_grads(params)
+        mempool = learner.mempool
+        learner.grad_buffers = flat_grads(params, mempool)
+        if mempool is not None:  # (freed by the step's end: `graphs.held_bytes`)
+            learner.grad_bytes_in_mempool = sum(
+                b.numel() * b.element_size() for b in learner.grad_buffers.values()
+            )
 
 
 def free_grads(learner: Learner) -> None:

@@ -50,10 +50,11 @@ import math
 from dataclasses import dataclass, replace
 
 from reinforge.errors import ConfigError
-from reinforge.train.planner.graph import kept_update_graph
+from reinforge.train.planner.graph import kept_update_graph, replays_update
 from reinforge.train.planner.rows import report_rows
 from reinforge.train.planner.sizes import (
     GOOD_MICRO_TOKENS,
+    GRAPH_MICRO_TOKENS,
     LORA_BYTES_PER_PARAM,
     MAX_MICRO_TOKENS,
     OPTIMIZER_STATE_BYTES,
@@ -78,6 +79,7 @@ from reinforge.train.planner.sizes import (
 __all__ = [
     "DEFAULT_LORA_RANK",
     "GOOD_MICRO_TOKENS",
+    "GRAPH_MICRO_TOKENS",
     "LORA_BYTES_PER_PARAM",
     "MAX_MICRO_TOKENS",
     "OPTIMIZER_STATE_BYTES",
@@ -154,6 +156,11 @@ def plan_memory(x: PlanInputs) -> Plan:
         s = replace(s, lora_copy_held=s.lora_copy)
     kv = pages * s.page_bytes(x.page_size)
     keeps, graph_held, graph_note = kept_update_graph(x, s, tokens, checkpointing, kv)
+    replayed = min(tokens, max(s.tokens_min, GRAPH_MICRO_TOKENS))
+    if keeps and x.micro_batch_tokens is None and replayed < tokens and replays_update(x):
+        tokens = replayed  # (`GRAPH_MICRO_TOKENS`: no host work per micro-batch to spread)
+        keeps, graph_held, graph_note = kept_update_graph(x, s, tokens, checkpointing, kv)
+        graph_note += f"; micro-batches of <= {GRAPH_MICRO_TOKENS:,} tokens: replayed, no slower"
     return Plan(
         kv_cache_bytes=kv,
         kv_pages=pages,

@@ -22,3 +22,10 @@ def kept_update_graph(
         + ("" if room else " (no room beside the KV pool)")
     )
     return keeps, graph if keeps else 0, note
+
+
+def replays_update(x: PlanInputs) -> bool:
+    """Whether a kept graph can replay this run's update at all (`train.loop.graphs.graph_blocker`
+    refuses several processes and mixture-of-experts models): only then are the planner's
+    micro-batches the smaller replayed size (`GRAPH_MICRO_TOKENS`)."""
+    return x.num_shards == 1 and x.replicas == 1 and not x.model.num_experts

@@ -72,6 +72,11 @@ GOOD_MICRO_TOKENS = 8192
 # session 15, after the Triton LM-head reductions): 32,768 tokens 1.47-1.52 s update, 6.48 GiB
 # peak; 16,384 1.56 s, 5.28 GiB; 8,192 2.23 s (host-bound), 4.62 GiB.
 MAX_MICRO_TOKENS = 16384
+# ... and where the update replays a kept CUDA graph, whose micro-batches cost no host work: there
+# a smaller one costs no speed and its activations come out of the memory generation's KV pool
+# takes in turn. G1 on an H100 (session 21, s21d, one call): 16,384 tokens 2.729 s step (update
+# 1.582 s), 5.83 GiB peak; 12,288 2.740 s (1.583), 5.37 GiB; 8,192 2.862 s (1.668), 4.92 GiB.
+GRAPH_MICRO_TOKENS = 12288
 SAMPLING_SEQS = 256
 PREFILL_CHUNK_TOKENS = 8192
 OPTIMIZER_STATE_BYTES = {"adamw_bf16": 4, "adamw_fp32": 8, "adamw_fp32_master": 12}
