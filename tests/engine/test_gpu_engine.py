@@ -211,12 +211,14 @@ def test_a_capture_leaves_no_blas_workspace_in_its_pool():
     for the process's life: made inside a capture into a shared mempool, it would stay there as
     a live block splitting the memory that the KV pool and the update take in turn (session 21:
     a 32 MiB block 540 MiB into G1's mempool grew it from 1.6 to 2.1 GiB). The capture stream
-    makes its workspaces when it is created (`warm_blas`), outside any pool, so after capturing
+    makes its workspaces when it is created, and autograd's thread's before the first capture of
+    a backward (`warm_blas`), outside any pool, so after capturing
     products of each kind, forward and backward (autograd's own thread has its own cuBLAS
     handle), the mempool holds only the graph's outputs."""
     from reinforge.engine import cuda_graphs
 
     cuda_graphs._CAPTURE_STREAMS.clear()  # a fresh stream, as in a new process
+    cuda_graphs._BACKWARD_WARMED.clear()
     with torch.inference_mode():  # made where the engine first captures (s21d: it raised)
         cuda_graphs.capture_stream()
     mempool = torch.cuda.MemPool()
@@ -232,7 +234,7 @@ def test_a_capture_leaves_no_blas_workspace_in_its_pool():
         return out
 
     graph = torch.cuda.CUDAGraph()
-    out = cuda_graphs.capture(graph, products, mempool.id)
+    out = cuda_graphs.capture(graph, products, mempool.id, backward=True)
     graph.replay()
     torch.cuda.synchronize()
     allocated = sum(

@@ -58,6 +58,7 @@ def decode_rows(seqs: list[Sequence], block_size: int, out: np.ndarray) -> None:
 
 
 _CAPTURE_STREAMS: dict[int, torch.cuda.Stream] = {}
+_BACKWARD_WARMED: set[int] = set()  # devices whose capture stream has autograd's workspace too
 
 
 def capture_stream() -> torch.cuda.Stream:
@@ -68,42 +69,51 @@ def capture_stream() -> torch.cuda.Stream:
     device = torch.cuda.current_device()
     if device not in _CAPTURE_STREAMS:
         stream = torch.cuda.Stream()
+        _BACKWARD_WARMED.discard(device)
         warm_blas(stream)
         _CAPTURE_STREAMS[device] = stream
     return _CAPTURE_STREAMS[device]
 
 
-def warm_blas(stream: torch.cuda.Stream) -> None:
+def warm_blas(stream: torch.cuda.Stream, backward: bool = False) -> None:
     """cuBLAS's workspaces for `stream`, allocated now, in the default pool. Made lazily, at a
     stream's first matrix product, inside a capture they would land in the capture's pool and
     stay there for the process's life: a live 32 MiB block in the middle of a shared mempool
     (session 21: 540 MiB into G1's, so the 1.5 GiB KV pool no longer fit in the freed memory and
-    the mempool grew to 2.1 GiB). The handles are per thread, and a backward's products run on
-    autograd's device thread: so each product kind that may take its own workspace, a plain
-    product (cuBLAS) and one with a bias (cuBLASLt), in each float type a capture may use, on
-    this thread and through a backward."""
+    the mempool grew to 2.1 GiB). Each product kind that may take its own workspace, a plain
+    product (cuBLAS) and one with a bias (cuBLASLt), in each float type a capture may use; with
+    `backward`, through a backward too: its products run on autograd's device thread, whose
+    cuBLAS handle (handles are per thread) has a workspace of its own (made only for a capture
+    that runs a backward: a run that never captures its update does not hold it)."""
     device = torch.cuda.current_device()
     stream.wait_stream(torch.cuda.current_stream())
     # (the first capture may come from inside the engine's inference mode)
     with torch.cuda.stream(stream), torch.inference_mode(False), torch.enable_grad():
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
             a = torch.ones(64, 64, dtype=dtype, device=device)
-            torch.mm(a, a)
-            torch.mm(a.t(), a)
-            torch.addmm(a[0], a, a)
+            if not backward:
+                torch.mm(a, a)
+                torch.mm(a.t(), a)
+                torch.addmm(a[0], a, a)
+                continue
             w = torch.ones(64, 64, dtype=dtype, device=device, requires_grad=True)
             b = torch.ones(64, dtype=dtype, device=device, requires_grad=True)
             torch.nn.functional.linear(a @ w, w, b).float().sum().backward()
     torch.cuda.current_stream().wait_stream(stream)
 
 
-def capture(graph: torch.cuda.CUDAGraph, fn, pool=None):
+def capture(graph: torch.cuda.CUDAGraph, fn, pool=None, backward: bool = False):
     """`fn()` captured into `graph` on `capture_stream()` (its memory in `pool`, a graph's or a
     `torch.cuda.MemPool`'s handle, else a fresh private pool); returns what `fn` returned.
+    `backward`: `fn` runs a backward (its workspaces are made first: `warm_blas`).
     Unlike `torch.cuda.graph`, no device synchronization, `gc.collect` or `empty_cache` first:
     those cost a step tens of milliseconds and make every later allocation of the step a fresh
     `cudaMalloc` (the trainer's update and the decode graphs both capture between steps)."""
     stream = capture_stream()
+    device = torch.cuda.current_device()
+    if backward and device not in _BACKWARD_WARMED:
+        warm_blas(stream, backward=True)
+        _BACKWARD_WARMED.add(device)
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         graph.capture_begin(pool=pool)

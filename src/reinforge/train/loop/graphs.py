@@ -33,7 +33,8 @@ How:
    and generation's KV pool take turns: a kept graph holds no memory of its own beside
    generation's (the step's footprint is the larger of the two, not their sum), and the engine
    keeps its decode graphs across the update instead of capturing them every step. The capture
-   stream's cuBLAS workspaces are made before any capture (`cuda_graphs.warm_blas`), so no
+   stream's cuBLAS workspaces (autograd's thread's too) are made before the capture
+   (`cuda_graphs.warm_blas`), so no
    lasting block splits the mempool. Memory the pools hold but do not hand out is counted in
    the step's peaks (`held_bytes`).
 
@@ -158,7 +159,9 @@ class UpdateGraph:
         if self.graph is None:
             try:
                 self.graph = torch.cuda.CUDAGraph()
-                self.outputs = capture(self.graph, lambda: self.compute(self.static), self.pool)
+                self.outputs = capture(
+                    self.graph, lambda: self.compute(self.static), self.pool, backward=True
+                )
             except Exception as e:  # any capture failure falls back, loudly
                 self.graph = self.outputs = None
                 console.print(
