@@ -4,6 +4,7 @@ configs) and on a tiny CPU budget; overrides win when they fit and are refused w
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -151,10 +152,48 @@ def test_a_kept_update_graph_is_planned_where_it_fits_beside_generation():
     assert g1.keeps_update_graph
     rows = {item: (size, note) for item, size, note in g1.rows}
     held, note = rows["kept update graph"]
-    assert held == rows["activations"][0] and "held while generating" in note
-    # generation's peak counts what the kept graph holds
+    # the KV pool released for the update: one pool for both, the update's part (gradients and
+    # activations) beyond the KV pool held while generating (`graphs.share_memory`)
     kv, working = rows["KV cache"][0], rows["generation working set"][0]
+    grads, activations = rows["gradients"][0], rows["activations"][0]
+    assert held == max(0, grads + activations - kv) and "held while generating" in note
+    assert "in one pool with the KV pool" in note
+    # generation's peak counts what the kept graph holds
     assert rows["peak, generation phase"][0] >= held + kv + working + rows["weights"][0]
+    # with checkpointing the update's part is smaller: the pool is then as large as the update
+    # part or the KV pool, whichever is larger, in both phases
+    lean = plan_memory(
+        PlanInputs(free_bytes=FREE_80GB, model=M05, gradient_checkpointing=True, **G1)
+    )
+    rows = {item: size for item, size, _ in lean.rows}
+    pool = max(rows["KV cache"], rows["gradients"] + rows["activations"])
+    assert rows["kept update graph"] == pool - rows["KV cache"]
+    assert rows["peak, generation phase"] == (
+        rows["weights"] + rows["optimizer states"] + rows["generation working set"] + pool
+    )
+    # a graph kept in a pool of its own (the KV pool kept through the update): its activations
+    own = plan_memory(
+        PlanInputs(free_bytes=FREE_80GB, model=M05, kv_released_in_training=False, **G1)
+    )
+    own_rows = {item: size for item, size, _ in own.rows}
+    assert own.keeps_update_graph and own_rows["kept update graph"] == own_rows["activations"]
+    # an update part smaller than the KV pool: the update's phase holds the rest of the pool
+    small = PlanInputs(
+        free_bytes=FREE_80GB,
+        model=M05,
+        gradient_checkpointing=True,
+        micro_batch_tokens=1024,
+        **G1,
+    )
+    rows = {item: size for item, size, _ in plan_memory(small).rows}
+    region = rows["gradients"] + rows["activations"]
+    assert rows["kept update graph"] == 0 < rows["KV cache"] - region
+    launched = {
+        item: size for item, size, _ in plan_memory(replace(small, update_graph="off")).rows
+    }
+    assert rows["peak, training phase"] == (
+        launched["peak, training phase"] + rows["KV cache"] - region
+    )
     off = plan_memory(PlanInputs(free_bytes=FREE_80GB, model=M05, update_graph="off", **G1))
     assert not off.keeps_update_graph
     assert dict((i, n) for i, _, n in off.rows)["kept update graph"].endswith("not kept")

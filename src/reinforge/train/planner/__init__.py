@@ -155,25 +155,24 @@ def plan_memory(x: PlanInputs) -> Plan:
     if mode == "merged":
         s = replace(s, lora_copy_held=s.lora_copy)
     kv = pages * s.page_bytes(x.page_size)
-    keeps, graph_held, graph_note = kept_update_graph(x, s, tokens, checkpointing, kv)
+    graph = kept_update_graph(x, s, tokens, checkpointing, kv)
     replayed = min(tokens, max(s.tokens_min, GRAPH_MICRO_TOKENS))
-    if keeps and x.micro_batch_tokens is None and replayed < tokens and replays_update(x):
+    if graph.keeps and x.micro_batch_tokens is None and replayed < tokens and replays_update(x):
         tokens = replayed  # (`GRAPH_MICRO_TOKENS`: no host work per micro-batch to spread)
-        keeps, graph_held, graph_note = kept_update_graph(x, s, tokens, checkpointing, kv)
-        graph_note += f"; micro-batches of <= {GRAPH_MICRO_TOKENS:,} tokens: replayed, no slower"
+        graph = kept_update_graph(x, s, tokens, checkpointing, kv)
+        smaller = f"; micro-batches of <= {GRAPH_MICRO_TOKENS:,} tokens: replayed, no slower"
+        graph = replace(graph, note=graph.note + smaller)
     return Plan(
         kv_cache_bytes=kv,
         kv_pages=pages,
         page_size=x.page_size,
         micro_batch_tokens=tokens,
         gradient_checkpointing=checkpointing,
-        rows=report_rows(
-            x, s, checkpointing, tokens, pages, unsharded, note, graph_held, graph_note
-        ),
+        rows=report_rows(x, s, checkpointing, tokens, pages, unsharded, note, graph),
         accumulate_unsharded=unsharded,
         lora_generation=mode,
         lora_generation_note=note,
-        keeps_update_graph=keeps,
+        keeps_update_graph=graph.keeps,
     )
 
 

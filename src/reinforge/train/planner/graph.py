@@ -1,27 +1,69 @@
 """The memory plan's choice for `train.cuda_graphs`: whether the update's CUDA graph is kept
-across steps (`train.loop.graphs`). Kept, its memory (about one micro-batch's activations)
-stays allocated while generating, so it must fit beside generation's KV pool and working set.
+across steps (`train.loop.graphs`), and what a kept one holds.
+
+Where generation's KV pool is released for the update (a local engine on CUDA) the kept graph
+lives in one `torch.cuda.MemPool` with it (`graphs.share_memory`): the update's gradients and
+activations and the KV pool take turns in one region, the larger of the two, held in both
+phases. Elsewhere (the pool kept through the update) the graph has a pool of its own: one
+micro-batch's activations, held while generating too.
 """
 
 from __future__ import annotations
 
-from reinforge.train.planner.sizes import PlanInputs, Sizes, activation_bytes_per_token
+from dataclasses import dataclass
+
+from reinforge.train.planner.sizes import (
+    PlanInputs,
+    Sizes,
+    activation_bytes_per_token,
+    training_peak,
+)
+
+
+@dataclass(frozen=True)
+class KeptGraph:
+    keeps: bool
+    held_generating: int  # what generation's phase holds for it beyond the KV pool
+    held_training: int  # what the update's phase holds for it beyond gradients and activations
+    note: str  # the plan row's
 
 
 def kept_update_graph(
     x: PlanInputs, s: Sizes, tokens: int, checkpointing: bool, kv: int
-) -> tuple[bool, int, str]:
-    """(kept, bytes held while generating, the plan row's note): "run" keeps it, "auto" where it
-    fits, "off" never."""
-    graph = tokens * activation_bytes_per_token(x, checkpointing)
-    room = s.generation_fixed + kv + graph <= s.usable
+) -> KeptGraph:
+    """Whether the graph is kept ("run" keeps it, "auto" where it fits, "off" never) and what it
+    holds in each phase (module docstring)."""
+    activations = tokens * activation_bytes_per_token(x, checkpointing)
+    shared = x.kv_released_in_training and replays_update(x)
+    if shared:
+        region = s.grads + activations  # the update's part of the shared pool
+        generating, training = max(0, region - kv), max(0, kv - region)
+        what = "gradients + activations, in one pool with the KV pool (the larger of the two)"
+    else:
+        generating, training = activations, 0
+        what = "one micro-batch's activations"
+    # "auto" decides on the sum (KV pool + one micro-batch's activations), as before the pool was
+    # shared: a shared pool would let more runs keep a graph (LoRA ones among them), which no
+    # GPU run has measured yet; the rows below report what a kept graph holds in a shared pool
+    room = s.generation_fixed + kv + activations <= s.usable
+    room = room and training_peak_room(x, s, checkpointing, tokens, kv, training)
     keeps = x.update_graph == "run" or (x.update_graph == "auto" and room)
     note = (
-        f"train.cuda_graphs = {x.update_graph}: one micro-batch's activations, "
+        f"train.cuda_graphs = {x.update_graph}: {what}, "
         + ("held while generating" if keeps else "not kept")
         + ("" if room else " (no room beside the KV pool)")
     )
-    return keeps, graph if keeps else 0, note
+    if not keeps:
+        return KeptGraph(False, 0, 0, note)
+    return KeptGraph(True, generating, training, note)
+
+
+def training_peak_room(
+    x: PlanInputs, s: Sizes, checkpointing: bool, tokens: int, kv: int, held: int
+) -> bool:
+    """Whether the update's phase still fits with `held` more bytes."""
+    pages = kv // s.page_bytes(x.page_size)
+    return training_peak(x, s, checkpointing, tokens, pages) + held <= s.usable
 
 
 def replays_update(x: PlanInputs) -> bool:

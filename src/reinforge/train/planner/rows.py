@@ -5,6 +5,7 @@ the headroom left.
 
 from __future__ import annotations
 
+from reinforge.train.planner.graph import KeptGraph
 from reinforge.train.planner.sizes import (
     LORA_BYTES_PER_PARAM,
     OPTIMIZER_STATE_BYTES,
@@ -26,8 +27,7 @@ def report_rows(
     pages: int,
     unsharded: bool,
     lora_generation_note: str = "",
-    graph_held: int = 0,
-    graph_note: str = "",
+    graph: KeptGraph | None = None,
 ):
     m, d = x.model, x.model.dtype_bytes
     per_token = activation_bytes_per_token(x, checkpointing)
@@ -37,7 +37,10 @@ def report_rows(
     peak_training = training_peak(x, s, checkpointing, tokens, pages)
     if unsharded:
         peak_training += s.unsharded_accumulation
-    generation_peak = s.generation_fixed + kv + graph_held
+    generation_peak = s.generation_fixed + kv
+    if graph is not None:  # what a kept update graph holds beyond each phase's own
+        peak_training += graph.held_training
+        generation_peak += graph.held_generating
     shards = x.num_shards
     per = f" / {shards} processes (FSDP shard)" if shards > 1 else ""
     if x.replicas > 1:
@@ -111,7 +114,7 @@ def report_rows(
             if x.lora_rank is not None
             else []
         ),
-        *([("kept update graph", graph_held, graph_note)] if graph_note else []),
+        *([("kept update graph", graph.held_generating, graph.note)] if graph else []),
         ("peak, training phase", peak_training, ""),
         ("peak, generation phase", generation_peak, ""),
         ("headroom", s.usable - max(peak_training, generation_peak), "unused after the reserve"),
