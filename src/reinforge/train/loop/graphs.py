@@ -34,9 +34,8 @@ How:
    generation's (the step's footprint is the larger of the two, not their sum), and the engine
    keeps its decode graphs across the update instead of capturing them every step. The capture
    stream's cuBLAS workspaces (autograd's thread's too) are made before the capture
-   (`cuda_graphs.warm_blas`), so no
-   lasting block splits the mempool. Memory the pools hold but do not hand out is counted in
-   the step's peaks (`held_bytes`).
+   (`cuda_graphs.warm_blas`), so no lasting block splits the mempool. Memory the pools hold but
+   do not hand out is counted in the step's peaks (`held_bytes`).
 
 Not for: several processes (their collectives), a value head, mixture-of-experts models, an FSDP
 packed forward; there, and on a CPU, the update runs as before. A capture that fails prints why

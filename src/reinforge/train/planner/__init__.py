@@ -50,7 +50,7 @@ import math
 from dataclasses import dataclass, replace
 
 from reinforge.errors import ConfigError
-from reinforge.train.planner.graph import kept_update_graph, replays_update
+from reinforge.train.planner.graph import plan_update_graph
 from reinforge.train.planner.rows import report_rows
 from reinforge.train.planner.sizes import (
     GOOD_MICRO_TOKENS,
@@ -155,13 +155,7 @@ def plan_memory(x: PlanInputs) -> Plan:
     if mode == "merged":
         s = replace(s, lora_copy_held=s.lora_copy)
     kv = pages * s.page_bytes(x.page_size)
-    graph = kept_update_graph(x, s, tokens, checkpointing, kv)
-    replayed = min(tokens, max(s.tokens_min, GRAPH_MICRO_TOKENS))
-    if graph.keeps and x.micro_batch_tokens is None and replayed < tokens and replays_update(x):
-        tokens = replayed  # (`GRAPH_MICRO_TOKENS`: no host work per micro-batch to spread)
-        graph = kept_update_graph(x, s, tokens, checkpointing, kv)
-        smaller = f"; micro-batches of <= {GRAPH_MICRO_TOKENS:,} tokens: replayed, no slower"
-        graph = replace(graph, note=graph.note + smaller)
+    tokens, graph = plan_update_graph(x, s, tokens, checkpointing, kv)
     return Plan(
         kv_cache_bytes=kv,
         kv_pages=pages,

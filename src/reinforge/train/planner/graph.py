@@ -10,9 +10,10 @@ micro-batch's activations, held while generating too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from reinforge.train.planner.sizes import (
+    GRAPH_MICRO_TOKENS,
     PlanInputs,
     Sizes,
     activation_bytes_per_token,
@@ -42,9 +43,10 @@ def kept_update_graph(
     else:
         generating, training = activations, 0
         what = "one micro-batch's activations"
-    # "auto" decides on the sum (KV pool + one micro-batch's activations), as before the pool was
-    # shared: a shared pool would let more runs keep a graph (LoRA ones among them), which no
-    # GPU run has measured yet; the rows below report what a kept graph holds in a shared pool
+    # "auto" weighs generation's phase on the sum (KV pool + one micro-batch's activations), as
+    # before the pool was shared: the shared pool's smaller figure would let more runs keep a
+    # graph (LoRA ones among them), which no GPU run has measured yet. The update's phase is
+    # weighed with what the shared pool holds then (the KV pool's size, where that is larger).
     room = s.generation_fixed + kv + activations <= s.usable
     room = room and training_peak_room(x, s, checkpointing, tokens, kv, training)
     keeps = x.update_graph == "run" or (x.update_graph == "auto" and room)
@@ -64,6 +66,21 @@ def training_peak_room(
     """Whether the update's phase still fits with `held` more bytes."""
     pages = kv // s.page_bytes(x.page_size)
     return training_peak(x, s, checkpointing, tokens, pages) + held <= s.usable
+
+
+def plan_update_graph(
+    x: PlanInputs, s: Sizes, tokens: int, checkpointing: bool, kv: int
+) -> tuple[int, KeptGraph]:
+    """The micro-batch tokens and the kept graph: where the graph is kept and replays the
+    update, micro-batches of at most `GRAPH_MICRO_TOKENS` (no host work per micro-batch to
+    spread over more tokens), unless the user set their size."""
+    graph = kept_update_graph(x, s, tokens, checkpointing, kv)
+    replayed = min(tokens, max(s.tokens_min, GRAPH_MICRO_TOKENS))
+    if graph.keeps and x.micro_batch_tokens is None and replayed < tokens and replays_update(x):
+        graph = kept_update_graph(x, s, replayed, checkpointing, kv)
+        smaller = f"; micro-batches of <= {GRAPH_MICRO_TOKENS:,} tokens: replayed, no slower"
+        return replayed, replace(graph, note=graph.note + smaller)
+    return tokens, graph
 
 
 def replays_update(x: PlanInputs) -> bool:
