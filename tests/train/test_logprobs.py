@@ -3,11 +3,22 @@ its inputs; the HF helpers reproduce the model's own logits."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from reinforge.models.tiny import builtin_path
-from reinforge.train.packing.logprobs import chunked_logprobs, final_hidden_states, lm_head_weight
+from reinforge.train.packing.logprobs import (
+    chunked_logprobs,
+    final_hidden_states,
+    lm_head_weight,
+    vocab_slice_width,
+)
 from tests.padded_reference import chunked_token_logprobs, pad_batch, token_logprobs
 
 N, H, V = 37, 16, 53
@@ -146,8 +157,9 @@ def test_fused_chunk_math_equals_the_in_place_path():
 
 
 def test_bf16_head_gradient_over_many_chunks_stays_near_float32():
-    """The bf16 head-weight gradient is summed chunk by chunk in bf16 (one rounding per chunk):
-    over 64 chunks it stays within bf16 rounding of the float32 computation's gradient."""
+    """The bf16 head-weight gradient over 512 rows (64 forward chunks; the backward writes it
+    with one product over all rows, one bf16 rounding) stays within bf16 rounding of the
+    float32 computation's gradient."""
     hidden, weight, targets = inputs(torch.float32, seed=5)
     hidden = torch.randn(512, hidden.shape[1], generator=torch.Generator().manual_seed(1))
     targets = torch.randint(0, weight.shape[0], (512,), generator=torch.Generator().manual_seed(2))
@@ -190,6 +202,176 @@ def test_in_place_is_off_for_a_weight_that_is_not_a_leaf():
     logp.sum().backward()
     expected = torch.autograd.grad(plain(hidden, weight * 2.0, targets, 1.0)[0].sum(), weight)[0]
     torch.testing.assert_close(weight.grad, expected.double(), rtol=1e-5, atol=1e-6)
+
+
+# A trained head's backward walks vocabulary slices over all rows: these shapes give slices
+# [0, 128), [128, 256) and [256, 300), the last one partial, with targets in each.
+SLICED_N, SLICED_V, SLICED_CHUNK = 40, 300, 10
+SLICE_TARGETS = [0, 127, 128, 200, 255, 256, 299]
+
+
+def sliced_inputs(dtype=torch.float64, seed=0, hidden_size=8):
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(SLICED_N, hidden_size, generator=gen, dtype=dtype)
+    weight = torch.randn(SLICED_V, hidden_size, generator=gen, dtype=dtype) / hidden_size**0.25
+    targets = torch.randint(0, SLICED_V, (SLICED_N,), generator=gen)
+    targets[: len(SLICE_TARGETS)] = torch.tensor(SLICE_TARGETS)
+    w_logp = torch.randn(SLICED_N, generator=gen, dtype=dtype)
+    w_ent = torch.randn(SLICED_N, generator=gen, dtype=dtype)
+    return hidden, weight, targets, w_logp, w_ent
+
+
+def plain_loss(hidden, weight, targets, temperature, w_logp, w_ent):
+    """The loss through full logits, in the inputs' dtype (float64 here)."""
+    logp = torch.log_softmax(hidden @ weight.t() / temperature, dim=-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return (logp.gather(1, targets[:, None])[:, 0] * w_logp).sum() + (entropy * w_ent).sum()
+
+
+def chunked_loss(hidden, weight, targets, temperature, w_logp, w_ent, **kwargs):
+    logp, entropy = chunked_logprobs(hidden, weight, targets, temperature, SLICED_CHUNK, **kwargs)
+    return (logp * w_logp).sum() + (entropy * w_ent).sum()
+
+
+def test_vocabulary_slices_are_bounded_like_one_row_chunk():
+    assert vocab_slice_width(SLICED_N, SLICED_V, SLICED_CHUNK) == 128  # 3 slices, last partial
+    # G1's shape: about 12k rows of a 151,936 vocabulary give 25 slices of 6,272 columns
+    width = vocab_slice_width(12_288, 151_936, 512)
+    assert width % 128 == 0 and 12_288 * width <= 512 * 151_936 and -(-151_936 // width) == 25
+    assert vocab_slice_width(100, 53, 512) == 53  # at most the vocabulary
+    assert vocab_slice_width(10**6, 1000, 1) == 128  # at least 128 columns
+
+
+@pytest.mark.parametrize("hidden_needs_grad", [True, False])
+def test_trained_head_gradients_over_vocabulary_slices_equal_full_logits(hidden_needs_grad):
+    """Several vocabulary slices (the last partial), targets in the first, middle and last,
+    temperature 0.7, an entropy term: hidden and weight gradients equal autograd through the
+    full [N, V] log_softmax in float64."""
+    hidden, weight, targets, w_logp, w_ent = sliced_inputs()
+    h1 = hidden.clone().requires_grad_(hidden_needs_grad)
+    W1 = weight.clone().requires_grad_()
+    chunked_loss(h1, W1, targets, 0.7, w_logp, w_ent).backward()
+    h2, W2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    plain_loss(h2, W2, targets, 0.7, w_logp, w_ent).backward()
+    torch.testing.assert_close(W1.grad, W2.grad, rtol=1e-10, atol=1e-12)
+    if hidden_needs_grad:
+        torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-10, atol=1e-12)
+    else:
+        assert h1.grad is None
+
+
+def test_gradcheck_over_vocabulary_slices():
+    hidden, weight, targets, _, _ = sliced_inputs(hidden_size=3)
+    hidden, targets = hidden[:7], targets[:7]  # 7 rows: slices of 128 (chunk 1 row: 300 // 7)
+    assert vocab_slice_width(7, SLICED_V, 1) == 128
+    assert torch.autograd.gradcheck(
+        lambda h, w: chunked_logprobs(h, w, targets, 0.8, 1),
+        (hidden.requires_grad_(), weight.requires_grad_()),
+    )
+
+
+def test_in_place_weight_gradient_accumulates_over_vocabulary_slices():
+    """`weight_grad_in_place`: the first call fills the parameter's empty .grad slice by slice,
+    the second adds to it (twice the gradient), as autograd's .grad would."""
+    hidden, weight, targets, w_logp, w_ent = sliced_inputs(seed=1)
+    ref = weight.clone().requires_grad_()
+    plain_loss(hidden, ref, targets, 1.3, w_logp, w_ent).backward()
+    param = torch.nn.Parameter(weight.clone())
+    h = hidden.clone().requires_grad_()
+    chunked_loss(h, param, targets, 1.3, w_logp, w_ent, weight_grad_in_place=True).backward()
+    torch.testing.assert_close(param.grad, ref.grad, rtol=1e-10, atol=1e-12)
+    first_hidden_grad = h.grad.clone()
+    chunked_loss(h, param, targets, 1.3, w_logp, w_ent, weight_grad_in_place=True).backward()
+    torch.testing.assert_close(param.grad, 2 * ref.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(h.grad, 2 * first_hidden_grad, rtol=1e-12, atol=1e-12)
+
+
+def test_frozen_head_hidden_gradient_over_row_chunks():
+    """A frozen head (LoRA) takes the row-chunked backward: the hidden gradient equals full
+    logits' at a temperature, with an entropy term, and the weight gets none."""
+    hidden, weight, targets, w_logp, w_ent = sliced_inputs(seed=2)
+    h1 = hidden.clone().requires_grad_()
+    chunked_loss(h1, weight, targets, 0.7, w_logp, w_ent).backward()
+    h2 = hidden.clone().requires_grad_()
+    plain_loss(h2, weight, targets, 0.7, w_logp, w_ent).backward()
+    torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-10, atol=1e-12)
+    assert weight.grad is None and not weight.requires_grad
+
+
+def check_grad_logits_on_vocabulary_slices(device: str, dtype=torch.float32) -> None:
+    """`logprob_kernels.grad_logits` on vocabulary slices of each row (`col_offset`), in place,
+    with the full rows' logsumexp and entropy, against the matching columns of
+    `chunk_grad_logits` on the full logits in float64; targets in the first, a middle and the
+    last (partial) slice. Run on CUDA by the GPU test, on the CPU in Triton's interpreter."""
+    from reinforge.train.packing import logprob_kernels
+    from reinforge.train.packing.logprobs import chunk_grad_logits
+
+    if device == "cpu":  # Triton's interpreter (TRITON_INTERPRET=1, set before triton loads)
+        _patch_triton_interpreter()
+    gen = torch.Generator().manual_seed(0)
+    rows, vocab, t = 9, 5000, 0.7
+    logits = (torch.randn(rows, vocab, generator=gen) * 4).to(device=device, dtype=dtype)
+    targets = torch.randint(0, vocab, (rows,), generator=gen)
+    targets[:5] = torch.tensor([0, 1023, 1024, 4095, vocab - 1])
+    targets = targets.to(device)
+    g_lp = torch.randn(rows, generator=gen).to(device)
+    g_ent = torch.randn(rows, generator=gen).to(device)
+    _, ent, lse = logprob_kernels.row_stats(logits, targets, t)
+    ref = chunk_grad_logits(logits.double(), targets, g_lp.double(), g_ent.double(), t)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    for v0, v1 in [(0, 1024), (1024, 4096), (4096, vocab)]:
+        logits_slice = logits[:, v0:v1].contiguous()
+        got = logprob_kernels.grad_logits(
+            logits_slice, targets, lse, ent, g_lp, g_ent, t, out=logits_slice, col_offset=v0
+        )
+        want = ref[:, v0:v1]
+        assert got.data_ptr() == logits_slice.data_ptr() and got.dtype == dtype
+        scale = want.abs().max().item()
+        torch.testing.assert_close(got.double(), want, atol=tol * scale, rtol=tol)
+
+
+def _patch_triton_interpreter() -> None:
+    """Triton 3.6's interpreter turns 1-element arrays into ints with int(array), which numpy 2
+    refuses (as in tests/engine/test_triton_kernels.py)."""
+    import triton.runtime.interpreter as interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "patched_for_index", False):
+        return
+
+    def with_index(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    with_index.patched_for_index = True
+    interpreter._patch_lang_tensor = with_index
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_triton_grad_logits_of_vocabulary_slices_in_the_interpreter():
+    """The slice kernel on the CPU in Triton's interpreter, in a child process: Triton reads
+    TRITON_INTERPRET when it is first imported, which torch may have done already here."""
+    repo = Path(__file__).resolve().parents[2]
+    code = (
+        "from tests.train.test_logprobs import check_grad_logits_on_vocabulary_slices as check; "
+        "check('cpu')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=repo,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (Triton kernels)")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_triton_grad_logits_of_vocabulary_slices(dtype):
+    check_grad_logits_on_vocabulary_slices("cuda", dtype)
 
 
 @pytest.mark.gpu

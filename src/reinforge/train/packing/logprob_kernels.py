@@ -4,8 +4,9 @@
   float32 [C] each: one pass over the logits (an online softmax per row: running max, sum of
   exp and sum of exp * z, kept per lane and combined at the end).
 - `grad_logits(logits_CV, targets_C, lse_C, entropy_C, grad_logprobs_C, grad_entropy_C,
-  temperature)` -> dL/dlogits [C, V] in the logits' dtype: one read and one write per element,
-  from the forward's logsumexp and entropy (no second reduction).
+  temperature, col_offset=0)` -> dL/dlogits [C, V] in the logits' dtype: one read and one write
+  per element, from the forward's logsumexp and entropy (no second reduction). The logits may be
+  a vocabulary slice [col_offset, col_offset + V) of each row.
 
 Why by hand: the same math through `torch.compile(dynamic=True)` took 2.1-2.6 ms per
 512 x 151,936 bf16 chunk on an H100 (session 14's G1 profile: 1.32 s of a 2.59 s update's device
@@ -81,6 +82,7 @@ def _grad_logits_kernel(
     g_logp_ptr,
     g_ent_ptr,
     vocab,
+    col_offset,
     inv_temp,
     BLOCK: tl.constexpr,
 ):
@@ -91,7 +93,8 @@ def _grad_logits_kernel(
     entropy = tl.load(entropy_ptr + row)
     g_logp = tl.load(g_logp_ptr + row).to(tl.float32)
     g_ent = tl.load(g_ent_ptr + row).to(tl.float32)
-    target = tl.load(targets_ptr + row)
+    # the target's column among these logits' (a target outside a vocabulary slice matches none)
+    target = tl.load(targets_ptr + row) - col_offset
     lanes = tl.arange(0, BLOCK)
     for start in range(0, vocab, BLOCK):
         cols = start + lanes
@@ -109,7 +112,7 @@ def row_stats(
     logits_CV: torch.Tensor, targets_C: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(logprob of each target, entropy, logsumexp of logits / temperature), float32 [C]."""
-    assert logits_CV.is_cuda and logits_CV.ndim == 2 and logits_CV.stride(1) == 1
+    assert logits_CV.ndim == 2 and logits_CV.stride(1) == 1  # CUDA, or the Triton interpreter
     rows, vocab = logits_CV.shape
     logp, entropy, lse = (
         torch.empty(rows, dtype=torch.float32, device=logits_CV.device) for _ in range(3)
@@ -139,11 +142,15 @@ def grad_logits(
     grad_entropy_C: torch.Tensor,
     temperature: float,
     out: torch.Tensor | None = None,
+    col_offset: int = 0,
 ) -> torch.Tensor:
     """dL/dlogits of one chunk in the logits' dtype, given the forward's logsumexp and entropy
-    of these same logits. `out` may be the logits themselves (each element is read before it
-    is written): the trainer's backward passes them, so the gradient costs no [C, V] buffer."""
-    assert logits_CV.is_cuda and logits_CV.ndim == 2 and logits_CV.stride(1) == 1
+    of these rows' full vocabulary. `out` may be the logits themselves (each element is read
+    before it is written): the trainer's backward passes them, so the gradient costs no [C, V]
+    buffer. `col_offset`: the logits are the vocabulary columns [col_offset, col_offset + V) of
+    each row (a slice of the head, as the backward of a trained head computes them); a target
+    outside those columns adds no one-hot term."""
+    assert logits_CV.ndim == 2 and logits_CV.stride(1) == 1  # CUDA, or the Triton interpreter
     rows, vocab = logits_CV.shape
     grad_CV = torch.empty_like(logits_CV) if out is None else out
     assert grad_CV.shape == logits_CV.shape and grad_CV.stride(1) == 1
@@ -159,6 +166,7 @@ def grad_logits(
             grad_logprobs_C.contiguous(),
             grad_entropy_C.contiguous(),
             vocab,
+            col_offset,
             1.0 / temperature,
             BLOCK=BLOCK,
             num_warps=NUM_WARPS,

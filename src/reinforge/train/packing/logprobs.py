@@ -5,14 +5,30 @@ Contract
   `logprobs_N` and `entropy_N` (float32) for N token positions, equal to
   `log_softmax((hidden @ weight.T).float() / temperature)` at the targets and to
   `-(p * log p).sum(-1)` of the same distribution.
-- Memory: logits exist for one chunk of `chunk_size` rows at a time, in the forward and in the
-  backward, which recomputes each chunk's logits from the saved inputs. The autograd graph holds
-  only the inputs (hidden, weight, targets) and, on CUDA, each position's logsumexp and entropy
-  (N floats): never [N, V]. Peak extra memory on CUDA is one chunk's logits in the weight dtype
-  (`chunk_size * V * 2` bytes in bf16: the Triton kernels of `logprob_kernels` reduce them in
-  place and write the backward's gradient over them); the CPU path adds two float32 [c, V]
-  buffers. When the head weight is trained, add a [V, H] gradient accumulator in the weight's
-  dtype (each chunk's product accumulates in float32 inside the matmul, then joins the sum).
+- Memory: the forward computes logits for one chunk of `chunk_size` rows at a time. The autograd
+  graph holds only the inputs (hidden, weight, targets) and each position's logsumexp and
+  entropy (2N floats): never [N, V]. The backward recomputes the logits piece by piece, from
+  those saved values, and each piece's gradient needs no reduction over the vocabulary:
+  - a trained head walks vocabulary slices of `vocab_slice_width(N, V, chunk_size)` columns (a
+    multiple of 128, at most V) over all N rows, so a slice's logits [N, Vc] hold about as many
+    elements as one chunk's [chunk_size, V]. Each slice's share of the head-weight gradient is
+    one product over all N rows, so the [V, H] gradient is written once per call; the hidden
+    gradient is summed over the slices in a float32 [N, H] accumulator (N * H * 4 bytes: 44 MB
+    at 12k rows x 896), cast to the hidden states' dtype at the end. Measured on G1 (0.5B shape,
+    V = 151,936, about 12k rows a call, bf16) before this: per 512-row chunk, the `addmm_` into
+    the bf16 [V, H] gradient took 348 us where its FLOPs need about 175 us, since each of the
+    256 chunks of an update read and wrote the whole gradient (272 MB) again. Measured on an
+    H200 (torch profiler, one 12,288-row bf16 call at G1's shape, head gradient in place): the
+    backward's device time went from 18.0 ms (24 row chunks) to 16.2 ms (25 slices of 6,272
+    columns); the head-weight products from 6.5 ms to 4.6 ms, the hidden-gradient products from
+    4.5 ms to 4.9 ms (the float32 accumulator is read and written by each slice's product).
+  - a frozen head (LoRA) walks row chunks over the whole vocabulary, as the forward does: no
+    weight gradient to write and no [N, H] accumulator.
+  Peak extra memory on CUDA is one piece's logits in the weight dtype (`chunk_size * V * 2`
+  bytes in bf16: the Triton kernels of `logprob_kernels` reduce them in place and write the
+  backward's gradient over them); the CPU path adds two float32 buffers of that size. When the
+  head weight is trained, add a [V, H] gradient in the weight's dtype (each slice's product
+  accumulates in float32 inside the matmul and is rounded once), unless it goes in place.
 - `weight_grad_in_place=True` (the trainer's single-process path) sums the head-weight gradient
   straight into the weight's `.grad` (a leaf parameter) and hands autograd none: no [V, H]
   accumulator. Measured on G1 (0.5B shape, tied embeddings, `torch.cuda.memory` history of one
@@ -21,7 +37,9 @@ Contract
   where the update's peak is. The result is the same `.grad` as `.backward()` gives; code that
   asks autograd for gradients (`torch.autograd.grad`) must leave it off.
 - Precision: the matmuls run in the weights' dtype (bf16 on a GPU); softmax, logsumexp,
-  entropy and the logits' gradient run in float32.
+  entropy and the logits' gradient run in float32, and so does the sum of a trained head's
+  vocabulary slices into the hidden gradient (on CUDA inside the matmul, `out_dtype`; a CPU
+  rounds each bf16 slice product once before adding it).
 - Gradients flow to both outputs (an entropy bonus trains through `entropy_N`) and to hidden
   states and the head weight; a frozen head (LoRA) costs no weight-gradient matmul.
 
@@ -36,9 +54,12 @@ from __future__ import annotations
 
 import torch
 
-# Rows per chunk. Measured on G1 (0.5B shape, vocabulary 151,936, H100, compiled layers, a
-# float32 head-gradient accumulator): 1,024 rows gave a 2.15 s training phase and a 5.9 GiB
-# peak; 256 rows 2.72 s and 5.5 GiB (each chunk reads the whole head weight again, three times).
+# Rows per chunk of the forward and of a frozen head's backward; a trained head's backward
+# sizes its vocabulary slices to the same logits budget (`vocab_slice_width`). Measured on G1
+# (0.5B shape, vocabulary 151,936, H100, compiled layers, a float32 head-gradient accumulator)
+# when the backward also walked row chunks: 1,024 rows gave a 2.15 s training phase and a
+# 5.9 GiB peak; 256 rows 2.72 s and 5.5 GiB (each chunk read the whole head weight again, three
+# times). The forward still reads the whole weight once per chunk.
 DEFAULT_CHUNK_SIZE = 512
 
 
@@ -64,11 +85,12 @@ def chunked_logprobs(
 
 
 class ChunkedLogprobs(torch.autograd.Function):
-    """Saves only its inputs; each backward chunk recomputes its logits. With z = h W^T / T,
-    p = softmax(z) and H = -sum p log p:
+    """Saves its inputs and each row's logsumexp and entropy; the backward recomputes the logits
+    piece by piece. With z = h W^T / T, p = softmax(z) and H = -sum p log p:
         d logp_target / dz = onehot(target) - p
         d H / dz           = -p * (log p + H)
-    """
+    A trained head's backward walks vocabulary slices over all rows (`_backward_by_vocab`); a
+    frozen head's walks row chunks over the whole vocabulary (`_backward_by_rows`)."""
 
     @staticmethod
     def forward(ctx, hidden_NH, weight_VH, targets_N, temperature, chunk_size, in_place=False):
@@ -80,9 +102,10 @@ class ChunkedLogprobs(torch.autograd.Function):
         logprobs_N = torch.empty(num, dtype=_math_dtype(weight_VH), device=hidden_NH.device)
         entropy_N = torch.empty_like(logprobs_N)
         kernels = triton_kernels(hidden_NH.device, weight_VH.dtype)
-        # the Triton path keeps each row's logsumexp and entropy for the backward (N floats),
-        # which then makes one elementwise pass per chunk instead of two reductions and a pass
-        ctx.lse_N = torch.empty_like(logprobs_N) if kernels is not None else None
+        # each row's logsumexp and entropy (N floats each) are kept for the backward, whose
+        # gradient of the logits is then one elementwise pass, with no reduction over the
+        # vocabulary (a vocabulary slice could not reduce over the whole row)
+        ctx.lse_N = torch.empty_like(logprobs_N)
         for start in range(0, num, chunk_size):
             end = min(start + chunk_size, num)
             if kernels is not None:
@@ -94,63 +117,149 @@ class ChunkedLogprobs(torch.autograd.Function):
                 continue
             z_CV = _chunk_logits(hidden_NH[start:end], weight_VH, temperature)
             lse_C = torch.logsumexp(z_CV, dim=-1)
+            ctx.lse_N[start:end] = lse_C
             logprobs_N[start:end] = z_CV.gather(1, targets_N[start:end, None])[:, 0] - lse_C
             probs_CV = (z_CV - lse_C[:, None]).exp_()
             entropy_N[start:end] = lse_C - probs_CV.mul_(z_CV).sum(-1)  # H = lse - sum p z
-        ctx.entropy_N = entropy_N.clone() if kernels is not None else None
+        ctx.entropy_N = entropy_N.clone()  # a copy: the caller may change the output in place
         return logprobs_N, entropy_N
 
     @staticmethod
     def backward(ctx, grad_logprobs_N, grad_entropy_N):
         hidden_NH, weight_VH, targets_N = ctx.saved_tensors
-        temperature, chunk_size = ctx.temperature, ctx.chunk_size
         needs_hidden, needs_weight = ctx.needs_input_grad[:2]
-        grad_hidden_NH = torch.empty_like(hidden_NH) if needs_hidden else None
-        # The head-weight gradient: summed over chunks in the weight's own dtype. Each chunk's
-        # product accumulates in float32 inside the matmul (addmm's beta=1 reads the running
-        # sum), so a bf16 weight gets one bf16 rounding per chunk, as the other parameters get
-        # per micro-batch; a float32 [V, H] accumulator would cost 0.5 GiB more at Qwen's V.
-        # In place: the sum starts from, and is, the parameter's own .grad.
-        grad_weight_VH = None
-        param = ctx.weight_param
-        if needs_weight and param is not None:
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
-            grad_weight_VH = param.grad
-        elif needs_weight:
-            grad_weight_VH = torch.zeros_like(weight_VH)
         kernels = triton_kernels(hidden_NH.device, weight_VH.dtype)
-        for start in range(0, hidden_NH.shape[0], chunk_size):
-            end = min(start + chunk_size, hidden_NH.shape[0])
-            hidden_CH = hidden_NH[start:end]
-            if ctx.lse_N is not None:
-                assert kernels is not None
-                logits_CV = hidden_CH @ weight_VH.t()
-                grad_z_CV = kernels.grad_logits(
-                    logits_CV,
-                    targets_N[start:end],
-                    ctx.lse_N[start:end],
-                    ctx.entropy_N[start:end],
-                    grad_logprobs_N[start:end],
-                    grad_entropy_N[start:end],
-                    temperature,
-                    out=logits_CV,
-                )
-            else:
-                grad_z_CV = _chunk_grad_logits(
-                    _chunk_logits(hidden_CH, weight_VH, temperature),
-                    targets_N[start:end],
-                    grad_logprobs_N[start:end],
-                    grad_entropy_N[start:end],
-                ).div_(temperature)
-            grad_z_CV = grad_z_CV.to(weight_VH.dtype)  # matmuls in the weights' dtype
+        if not needs_weight:
+            grad_hidden_NH = None
             if needs_hidden:
-                grad_hidden_NH[start:end] = grad_z_CV @ weight_VH
-            if needs_weight:
-                grad_weight_VH.addmm_(grad_z_CV.t(), hidden_CH)
+                grad_hidden_NH = _backward_by_rows(
+                    ctx, kernels, hidden_NH, weight_VH, targets_N, grad_logprobs_N, grad_entropy_N
+                )
+            return grad_hidden_NH, None, None, None, None, None
+        # The head-weight gradient, in the weight's own dtype, each vocabulary slice of it
+        # written by one product over all rows (float32 inside the matmul, then one rounding).
+        # In place: the sum starts from, and is, the parameter's own .grad.
+        param = ctx.weight_param
+        if param is not None and param.grad is not None:
+            grad_weight_VH, fresh = param.grad, False
+        else:
+            grad_weight_VH, fresh = torch.empty_like(weight_VH), True  # every slice is written
+            if param is not None:
+                param.grad = grad_weight_VH
+        grad_hidden_NH = _backward_by_vocab(
+            ctx,
+            kernels,
+            hidden_NH,
+            weight_VH,
+            targets_N,
+            grad_logprobs_N,
+            grad_entropy_N,
+            needs_hidden,
+            grad_weight_VH,
+            fresh,
+        )
         if param is not None:
             grad_weight_VH = None  # already in param.grad
         return grad_hidden_NH, grad_weight_VH, None, None, None, None
+
+
+def vocab_slice_width(num_rows: int, vocab: int, chunk_size: int) -> int:
+    """Columns of each vocabulary slice in a trained head's backward: the slice's logits
+    [num_rows, width] hold about as many elements as one row chunk's [chunk_size, vocab] (no
+    more, unless the 128-column floor binds), in multiples of 128 columns, at most `vocab`."""
+    width = chunk_size * vocab // max(num_rows, 1) // 128 * 128
+    return min(vocab, max(128, width))
+
+
+def _backward_by_vocab(
+    ctx,
+    kernels,
+    hidden_NH,
+    weight_VH,
+    targets_N,
+    grad_logprobs_N,
+    grad_entropy_N,
+    needs_hidden,
+    grad_weight_VH,
+    fresh,
+):
+    """A trained head's backward, one vocabulary slice [v0, v1) at a time over all N rows: the
+    slice's logits, their gradient in place (from the forward's logsumexp and entropy), then
+    grad_weight[v0:v1] from one product with K = N (so the [V, H] gradient is written once per
+    call, not once per row chunk: see the module's contract) and the slice's share of the hidden
+    gradient, summed in float32 over the slices. `fresh`: grad_weight_VH holds no values yet."""
+    temperature = ctx.temperature
+    num, vocab = hidden_NH.shape[0], weight_VH.shape[0]
+    width = vocab_slice_width(num, vocab, ctx.chunk_size)
+    grad_hidden_acc_NH = None
+    if needs_hidden:  # float32 (float64 for float64), not the hidden states' bf16
+        grad_hidden_acc_NH = torch.zeros(
+            hidden_NH.shape, dtype=_math_dtype(hidden_NH), device=hidden_NH.device
+        )
+    for v0 in range(0, vocab, width):
+        v1 = min(v0 + width, vocab)
+        weight_SH = weight_VH[v0:v1]
+        if kernels is not None:
+            logits_NS = hidden_NH @ weight_SH.t()
+            grad_z_NS = kernels.grad_logits(
+                logits_NS,
+                targets_N,
+                ctx.lse_N,
+                ctx.entropy_N,
+                grad_logprobs_N,
+                grad_entropy_N,
+                temperature,
+                out=logits_NS,
+                col_offset=v0,
+            )
+        else:
+            grad_z_NS = _slice_grad_logits(
+                _chunk_logits(hidden_NH, weight_SH, temperature),
+                targets_N - v0,
+                ctx.lse_N,
+                ctx.entropy_N,
+                grad_logprobs_N,
+                grad_entropy_N,
+            ).div_(temperature)
+        grad_z_NS = grad_z_NS.to(weight_VH.dtype)  # matmuls in the weights' dtype
+        grad_weight_VH[v0:v1].addmm_(grad_z_NS.t(), hidden_NH, beta=0 if fresh else 1)
+        if needs_hidden:
+            _add_product(grad_hidden_acc_NH, grad_z_NS, weight_SH)
+    return grad_hidden_acc_NH.to(hidden_NH.dtype) if needs_hidden else None
+
+
+def _backward_by_rows(
+    ctx, kernels, hidden_NH, weight_VH, targets_N, grad_logprobs_N, grad_entropy_N
+):
+    """A frozen head's backward (the hidden gradient only), one chunk of rows at a time over the
+    whole vocabulary: no weight gradient to write, and no float32 [N, H] accumulator."""
+    temperature, chunk_size = ctx.temperature, ctx.chunk_size
+    grad_hidden_NH = torch.empty_like(hidden_NH)
+    for start in range(0, hidden_NH.shape[0], chunk_size):
+        end = min(start + chunk_size, hidden_NH.shape[0])
+        hidden_CH = hidden_NH[start:end]
+        if kernels is not None:
+            logits_CV = hidden_CH @ weight_VH.t()
+            grad_z_CV = kernels.grad_logits(
+                logits_CV,
+                targets_N[start:end],
+                ctx.lse_N[start:end],
+                ctx.entropy_N[start:end],
+                grad_logprobs_N[start:end],
+                grad_entropy_N[start:end],
+                temperature,
+                out=logits_CV,
+            )
+        else:
+            grad_z_CV = _chunk_grad_logits(
+                _chunk_logits(hidden_CH, weight_VH, temperature),
+                targets_N[start:end],
+                grad_logprobs_N[start:end],
+                grad_entropy_N[start:end],
+            ).div_(temperature)
+        grad_z_CV = grad_z_CV.to(weight_VH.dtype)  # matmuls in the weights' dtype
+        grad_hidden_NH[start:end] = grad_z_CV @ weight_VH
+    return grad_hidden_NH
 
 
 def chunk_stats(
@@ -228,6 +337,46 @@ def _chunk_grad_logits(z_CV, targets_C, grad_logprobs_C, grad_entropy_C) -> torc
     rows = torch.arange(len(targets_C), device=grad_CV.device)
     grad_CV[rows, targets_C] += grad_logprobs_C
     return grad_CV
+
+
+def _slice_grad_logits(
+    z_NS, local_targets_N, lse_N, entropy_N, grad_logprobs_N, grad_entropy_N
+) -> torch.Tensor:
+    """dL/dz for one vocabulary slice of every row, computed in z's buffer (z is consumed), from
+    each row's logsumexp and entropy over the whole vocabulary. `local_targets_N`: each target's
+    column in the slice; those outside [0, S) get no one-hot term."""
+    logp_NS = z_NS.sub_(lse_N[:, None])
+    probs_NS = logp_NS.exp()
+    grad_NS = (
+        logp_NS.add_(entropy_N[:, None])
+        .mul_(grad_entropy_N[:, None])
+        .add_(grad_logprobs_N[:, None])
+        .mul_(probs_NS)
+        .neg_()
+    )
+    del probs_NS
+    rows = ((local_targets_N >= 0) & (local_targets_N < grad_NS.shape[1])).nonzero()[:, 0]
+    grad_NS.index_put_(
+        (rows, local_targets_N[rows]), grad_logprobs_N[rows].to(grad_NS.dtype), accumulate=True
+    )
+    return grad_NS
+
+
+def _add_product(acc_NH: torch.Tensor, a_NS: torch.Tensor, b_SH: torch.Tensor) -> None:
+    """acc += a @ b, with acc float32 (or float64) and a, b possibly narrower: on CUDA the
+    product accumulates into acc inside the matmul (`out_dtype`); a CPU, which has no such
+    matmul, rounds the bf16/fp16 product once before adding it."""
+    if a_NS.dtype == acc_NH.dtype:
+        acc_NH.addmm_(a_NS, b_SH)
+    elif acc_NH.is_cuda and _ADDMM_OUT_DTYPE:
+        torch.addmm(acc_NH, a_NS, b_SH, out_dtype=acc_NH.dtype, out=acc_NH)
+    else:
+        acc_NH.add_(a_NS @ b_SH)
+
+
+# `addmm(..., out_dtype=)` (a bf16 product summed in float32) is recent; the project allows
+# torch 2.6, whose addmm has no such argument: there the product is rounded once, as on a CPU
+_ADDMM_OUT_DTYPE = "out_dtype" in (torch.addmm.__doc__ or "")
 
 
 def _row_dot(a_CV: torch.Tensor, b_CV: torch.Tensor) -> torch.Tensor:
