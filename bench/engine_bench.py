@@ -408,10 +408,16 @@ def bench_sampler(B: int, V: int) -> dict:
 
     logits = torch.randn(B, V, device="cuda", dtype=torch.bfloat16)
     seeds = torch.arange(B, device="cuda")
-    ms = graph_ms(functools.partial(triton_ops.sample_gumbel, logits, 1.0, seeds, seeds))
-    tb_s = logits.numel() * 2 / (ms / 1e3) / 1e12
-    log(f"  sampler {B}x{V}: {ms * 1e3:.1f} us ({tb_s:.2f} TB/s of logits)")
-    return {"us": ms * 1e3, "tb_s": tb_s}
+    out = {}
+    for name, fn in (
+        ("gumbel", triton_ops.sample_gumbel),
+        ("inverse_cdf", triton_ops.sample_inverse_cdf),
+    ):
+        ms = graph_ms(functools.partial(fn, logits, 1.0, seeds, seeds))
+        tb_s = logits.numel() * 2 / (ms / 1e3) / 1e12
+        log(f"  sampler {name} {B}x{V}: {ms * 1e3:.1f} us ({tb_s:.2f} TB/s of logits)")
+        out[name] = {"us": ms * 1e3, "tb_s": tb_s}
+    return out
 
 
 def kernel_bench() -> dict:

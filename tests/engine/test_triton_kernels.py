@@ -50,7 +50,7 @@ elif INTERPRETED:
 
     _interpreter._patch_lang_tensor = _patch_with_index
 
-from reinforge.engine import triton_attention, triton_ops  # noqa: E402
+from reinforge.engine import sampling, triton_attention, triton_ops  # noqa: E402
 from reinforge.engine.attention import (  # noqa: E402
     AttentionMetadata,
     decode_sdpa,
@@ -237,6 +237,59 @@ def test_gumbel_sampler_follows_the_distribution():
     df = V - 1  # Wilson-Hilferty upper critical value at p = 0.001
     critical = df * (1 - 2 / (9 * df) + 3.09 * math.sqrt(2 / (9 * df))) ** 3
     assert statistic < critical, (observed, expected)
+
+
+@runs_here
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_inverse_cdf_sampler_draws_what_the_torch_sampler_draws(dtype):
+    """The same keyed uniform (splitmix64 of seed and position, made on the device bit for bit)
+    and the same inversion as `sample_keyed`: the same tokens, but where the uniform falls
+    within float32 rounding of a boundary between two tokens, and the same logprobs."""
+    generator = torch.Generator().manual_seed(5)
+    B, V = (256, 151_936) if HAS_CUDA else (12, 3000)
+    logits = (torch.randn(B, V, generator=generator) * 2).to(dtype)
+    seeds = torch.randint(0, 2**63 - 1, (B,), generator=generator)
+    seeds[:3] = torch.tensor([0, 1, 2**63 - 1])
+    positions = torch.randint(0, 4096, (B,), generator=generator)
+    uniforms = [sampling.row_uniform(int(k), int(p)) for k, p in zip(seeds, positions)]
+    for temperature in (1.0, 0.6):
+        ids, lps = triton_ops.sample_inverse_cdf(
+            logits.to(DEVICE), temperature, seeds.to(DEVICE), positions.to(DEVICE)
+        )
+        ref_ids, ref_lps = sampling.sample_keyed(logits, temperature, 1.0, 0, 0.0, uniforms)
+        same = (ids.cpu() == ref_ids).float().mean().item()
+        assert same >= (0.99 if HAS_CUDA else 1.0), same
+        ref_lp = torch.log_softmax(logits.float() / temperature, -1)
+        torch.testing.assert_close(
+            lps.cpu(), ref_lp.gather(-1, ids.cpu()[:, None])[:, 0], atol=1e-4, rtol=1e-4
+        )
+        assert torch.allclose(
+            lps.cpu()[ids.cpu() == ref_ids], ref_lps[ids.cpu() == ref_ids], atol=1e-4
+        )
+    moved, _ = triton_ops.sample_inverse_cdf(
+        logits.to(DEVICE), 1.0, seeds.to(DEVICE), positions.to(DEVICE) + 1
+    )
+    assert not torch.equal(moved.cpu(), ids.cpu())  # a new position, a new draw
+
+
+@runs_here
+def test_inverse_cdf_sampler_follows_the_distribution_and_skips_zero_mass():
+    B, temperature = 20000 if HAS_CUDA else 300, 0.8
+    logits_V = torch.tensor([1.0, 0.6, 0.2, -0.2, -0.6, 0.0, -float("inf"), 0.3])
+    V = logits_V.numel()
+    logits = logits_V.expand(B, V).contiguous().to(DEVICE)
+    seeds = torch.arange(B, device=DEVICE) * 7919 + 11
+    positions = torch.full((B,), 5, device=DEVICE)
+    ids, lps = triton_ops.sample_inverse_cdf(logits, temperature, seeds, positions, num_chunks=3)
+    observed = torch.bincount(ids.cpu(), minlength=V).double()
+    assert observed[6] == 0  # probability 0: never drawn
+    expected = torch.softmax(logits_V.double() / temperature, -1) * B
+    keep = expected > 0
+    statistic = ((observed[keep] - expected[keep]) ** 2 / expected[keep]).sum().item()
+    df = int(keep.sum()) - 1  # Wilson-Hilferty upper critical value at p = 0.001
+    critical = df * (1 - 2 / (9 * df) + 3.09 * math.sqrt(2 / (9 * df))) ** 3
+    assert statistic < critical, (observed, expected)
+    assert torch.isfinite(lps).all()
 
 
 @runs_here

@@ -355,7 +355,12 @@ class ModelRunner:
                 seqs = batch.seqs
                 seeds = self._to_device([seq.sample_seed for seq in seqs])
                 positions = self._to_device([seq.num_output_tokens for seq in seqs])
-            ids, lps = triton_ops.sample_gumbel(logits_GV, params.temperature, seeds, positions)
+            if params.temperature > 0.0:
+                ids, lps = triton_ops.sample_inverse_cdf(
+                    logits_GV, params.temperature, seeds, positions
+                )
+            else:
+                ids, lps = triton_ops.sample_gumbel(logits_GV, 0.0, seeds, positions)
         else:
             uniforms = [row_uniform(seq.sample_seed, seq.num_output_tokens) for seq in batch.seqs]
             ids, lps = sample_keyed(

@@ -36,7 +36,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)  # physical page of each logical page
     num_cached_tokens: int = 0  # leading tokens whose K/V is written in the pool
     finish_reason: str | None = None
-    sample_seed: int = 0  # key of the on-device sampler's noise (see `triton_ops.sample_gumbel`)
+    sample_seed: int = 0  # key of the sampler's draws (`sampling.row_uniform`)
     num_pending: int = 0  # trailing output tokens still `PENDING` (a step in flight)
     # pages outlive the finish (a session continues or forks the sequence; it frees them)
     keep_pages: bool = False
