@@ -230,7 +230,7 @@ KERNEL_CLASSES = (
     ("attention", ("paged_decode", "combine_splits", "flash", "fmha", "attention")),
     ("rope+kv write", ("rope_write",)),
     ("norm+silu", ("rms_norm", "silu")),
-    ("sampler", ("gumbel",)),
+    ("sampler", ("gumbel", "icdf")),
     ("matmul", ("gemm", "gemv", "nvjet", "cutlass", "sm90", "cublas", "matmul", "splitk")),
 )
 

@@ -14,6 +14,7 @@ KEYS = [
     "step_s",
     "generate_s",
     "train_s",
+    "gen_engine_s",
     "gen_restore_s",
     "gen_graph_capture_s",
     "gpu_peak_generate_gib",

@@ -174,5 +174,6 @@ def test_released_pool_comes_back_for_the_next_generate(models, tokenizer, num_b
     assert not engine.runner.released and engine.num_blocks == size
     assert engine.runner.kv_cache.shape[2] == size
     assert engine.totals["gen_restore_s"] > restored  # the trainer logs each step's share
+    assert engine.totals["gen_engine_s"] > engine.totals["gen_restore_s"]  # all of generate
     assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in first]
     SimpleEngine(model, tokenizer).release_memory()  # the protocol's no-op

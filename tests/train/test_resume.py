@@ -17,7 +17,15 @@ from reinforge.errors import ExitCode
 
 from ..conftest import REPO, TINY_RUN, cli
 
-TIMING = {"generate_s", "train_s", "step_s", "tokens_per_s", "gen_restore_s", "gen_graph_capture_s"}
+TIMING = {
+    "generate_s",
+    "train_s",
+    "step_s",
+    "tokens_per_s",
+    "gen_engine_s",
+    "gen_restore_s",
+    "gen_graph_capture_s",
+}
 
 
 def metrics(run_dir):

@@ -70,7 +70,9 @@ class PagedEngine:
         self._stats = GenerationStats()
         # over the engine's life, seconds spent taking the KV pool back after a release and
         # capturing decode graphs (the trainer logs each step's share: `gen_restore_s`, ...)
-        self.totals = {"gen_restore_s": 0.0, "gen_graph_capture_s": 0.0}
+        # running totals of generation's time (a step reads the difference): all of `generate`,
+        # and its fixed costs (restoring the KV pool, capturing decode graphs)
+        self.totals = {"gen_engine_s": 0.0, "gen_restore_s": 0.0, "gen_graph_capture_s": 0.0}
         self.fallback: SimpleEngine | None = None
         self.lora_generation = "adapters"  # "merged" or "adapters", resolved below
         reason = unsupported_reason(model)
@@ -166,7 +168,9 @@ class PagedEngine:
         timers.capture = self.runner.graph_capture_seconds - capture_before
         self.totals["gen_graph_capture_s"] += timers.capture
         self._record_stats(groups, scheduler, start, timers)
-        return [[self._completion(seq) for seq in group] for group in groups]
+        completions = [[self._completion(seq) for seq in group] for group in groups]
+        self.totals["gen_engine_s"] += time.perf_counter() - start
+        return completions
 
     def _grow_pool(self, prompts: list[list[int]], params: SamplingParams) -> None:
         bs = self.block_size
