@@ -152,8 +152,9 @@ class _Loop:
         """`count` fresh episodes of the group's task; one prompt with `count` samples where they
         open alike."""
         runs = []
+        renders: dict[str, list[int]] = {}
         for _ in range(count):
-            e = steps._open(self.env, self.tokenizer, group.task, self.tools)
+            e = steps._open(self.env, self.tokenizer, group.task, self.tools, renders)
             runs.append(_Run(e, group, len(group.episodes)))
             group.episodes.append(e)
         live = [r for r in runs if not r.episode.is_done and steps._fits(r.episode, self.limits)]

@@ -36,6 +36,7 @@ the loss, reward 0, counted as `env_errors` with the first error kept for the su
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -116,8 +117,10 @@ def run_episodes(
     The env steps of a turn run on `env_workers` threads; the token bookkeeping after them runs
     here, in order (a tokenizer is not shared across threads)."""
     tools = getattr(env, "tool_schemas", None) if render_tools else None
+    renders: dict[str, list[int]] = {}
     groups = [
-        [_open(env, tokenizer, task, tools) for _ in range(samples_per_task)] for task in tasks
+        [_open(env, tokenizer, task, tools, renders) for _ in range(samples_per_task)]
+        for task in tasks
     ]
     episodes = [e for g in groups for e in g]
     for turn in range(limits.max_turns):
@@ -140,14 +143,25 @@ def run_episodes(
     return groups
 
 
-def _open(env: Env, tokenizer, task: Task, tools) -> Episode:
+def _open(
+    env: Env, tokenizer, task: Task, tools, renders: dict[str, list[int]] | None = None
+) -> Episode:
+    """A fresh episode of `task`. `renders`: prompts already rendered by this caller, by their
+    messages, so a task's samples render their (usually equal) prompt once: the chat template
+    and the tokenizer took 0.8 ms an episode on a 2-core CPU, 0.2 s of G1's 256 a step (about
+    0.08 s of each step on the GPU machines' hosts, 3% of the step)."""
     try:
         state = env.reset(task)
     except Exception as error:  # the env's failure: this episode's, counted
         episode = Episode(task, None, render(tokenizer, list(task.messages), tools, True))
         _fail(episode, error, "reset")
         return episode
-    return Episode(task, state, render(tokenizer, state.messages, tools, True))
+    if renders is None:
+        return Episode(task, state, render(tokenizer, state.messages, tools, True))
+    key = json.dumps(state.messages, sort_keys=True, default=repr)
+    if key not in renders:
+        renders[key] = render(tokenizer, state.messages, tools, True)
+    return Episode(task, state, list(renders[key]))  # each episode extends its own ids
 
 
 def _fail(e: Episode, error: Exception, where: str) -> None:
