@@ -242,6 +242,14 @@ def _gumbel_combine_kernel(
     tl.store(logprobs_ptr + row, logprob2 * 0.6931471805599453)  # base 2 to natural
 
 
+def _vocab_chunks(V: int, num_chunks: int) -> tuple[int, int, int]:
+    """(block, chunk, count): a sampler's programs per row cover `count` chunks of `chunk`
+    vocabulary entries (whole blocks of `block`), about `num_chunks` of them."""
+    block = max(64, min(2048, triton.next_power_of_2(V)))
+    chunk = triton.cdiv(triton.cdiv(V, num_chunks), block) * block
+    return block, chunk, triton.cdiv(V, chunk)
+
+
 def sample_gumbel(
     logits_BV: torch.Tensor,
     temperature: float,
@@ -260,9 +268,7 @@ def sample_gumbel(
     lps = logprobs_out if logprobs_out is not None else torch.empty(B, device=device)
     if B == 0:
         return ids, lps
-    BLOCK_V = max(64, min(2048, triton.next_power_of_2(V)))
-    chunk = triton.cdiv(triton.cdiv(V, num_chunks), BLOCK_V) * BLOCK_V
-    num_chunks = triton.cdiv(V, chunk)
+    BLOCK_V, chunk, num_chunks = _vocab_chunks(V, num_chunks)
     part = torch.empty((B, num_chunks, 4), dtype=torch.float32, device=device)
     part_idx = torch.empty((B, num_chunks), dtype=torch.long, device=device)
     greedy = temperature == 0.0
@@ -416,9 +422,7 @@ def sample_inverse_cdf(
     lps = torch.empty(B, device=device)
     if B == 0:
         return ids, lps
-    BLOCK_V = max(64, min(2048, triton.next_power_of_2(V)))
-    chunk = triton.cdiv(triton.cdiv(V, num_chunks), BLOCK_V) * BLOCK_V
-    num_chunks = triton.cdiv(V, chunk)
+    BLOCK_V, chunk, num_chunks = _vocab_chunks(V, num_chunks)
     part = torch.empty((B, num_chunks, 2), dtype=torch.float32, device=device)
     inv_t = LOG2E / temperature
     common = dict(CHUNK=chunk, BLOCK_V=BLOCK_V, NUM_CHUNKS=num_chunks)
