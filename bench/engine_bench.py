@@ -243,13 +243,15 @@ def classify(name: str) -> str:
     return "other"
 
 
-def kernel_times(engine, prompts, params) -> tuple[dict[str, float], float]:
+def kernel_times(engine, prompts, params) -> tuple[dict[str, float], dict[str, tuple], float]:
+    """Device ms by kernel class, (ms, calls) by kernel name, and the decode steps run."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         engine.generate(prompts, params)
         torch.cuda.synchronize()
     totals: dict[str, float] = {}
+    kernels: dict[str, tuple[float, int]] = {}
     for event in prof.key_averages():
         us = getattr(event, "self_device_time_total", 0.0) or getattr(
             event, "self_cuda_time_total", 0.0
@@ -257,20 +259,22 @@ def kernel_times(engine, prompts, params) -> tuple[dict[str, float], float]:
         if us > 0:
             label = classify(event.key)
             totals[label] = totals.get(label, 0.0) + us / 1e3
-    return totals, engine.stats.extra["num_decode_steps"]
+            ms, calls = kernels.get(event.key, (0.0, 0))
+            kernels[event.key] = (ms + us / 1e3, calls + event.count)
+    return totals, kernels, engine.stats.extra["num_decode_steps"]
 
 
 def profile_decode(engine, prompts, params) -> dict:
-    """Device time per decode step by kernel class: the decode is run eagerly (no graph) under
-    torch.profiler twice, with 1 and with 33 new tokens, and the difference taken (it removes the
-    prefill). Then the graph step's wall time for comparison."""
+    """Device time per decode step by kernel class and by kernel (the top ones, with their calls
+    per step and time per call): the decode is run eagerly (no graph) under torch.profiler twice,
+    with 1 and with 33 new tokens, and the difference taken (it removes the prefill)."""
     graphs = engine.runner.graphs
     engine.runner.graphs = None
     try:
-        short, _ = kernel_times(
+        short, short_k, _ = kernel_times(
             engine, prompts, SamplingParams(**{**params.__dict__, "max_new_tokens": 1})
         )
-        long, steps = kernel_times(
+        long, long_k, steps = kernel_times(
             engine, prompts, SamplingParams(**{**params.__dict__, "max_new_tokens": 33})
         )
     finally:
@@ -280,7 +284,24 @@ def profile_decode(engine, prompts, params) -> dict:
     log("  eager decode step, device ms by kernel class:")
     for k, v in sorted(per_step.items(), key=lambda kv: -kv[1]):
         log(f"    {k:14s} {v:7.3f} ms  {100 * v / total:5.1f}%")
-    return {"eager_decode_step_device_ms": per_step, "eager_decode_step_device_ms_total": total}
+    by_kernel = {}
+    for name, (ms, calls) in long_k.items():
+        short_ms, short_calls = short_k.get(name, (0.0, 0))
+        if calls > short_calls:
+            step_ms, step_calls = (ms - short_ms) / steps, (calls - short_calls) / steps
+            by_kernel[name] = {
+                "ms": step_ms,
+                "calls": step_calls,
+                "us_each": 1e3 * step_ms / step_calls,
+            }
+    log("  eager decode step, top kernels (ms a step, calls a step, us a call):")
+    for name, k in sorted(by_kernel.items(), key=lambda kv: -kv[1]["ms"])[:14]:
+        log(f"    {k['ms']:6.3f} ms {k['calls']:6.1f} x {k['us_each']:6.1f} us  {name[:70]}")
+    return {
+        "eager_decode_step_device_ms": per_step,
+        "eager_decode_step_device_ms_total": total,
+        "eager_decode_step_kernels": by_kernel,
+    }
 
 
 def run_hf(model, config, w: Workload, prompts) -> dict:
