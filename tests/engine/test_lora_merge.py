@@ -5,6 +5,8 @@ base; `disable_adapter()` generates from the base."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -42,6 +44,36 @@ def test_merged_copy_holds_every_adapted_projection(micro_dir, tokenizer):
     shape = ModelShape.from_hf_config(model.config.to_dict(), dtype_bytes=4)
     assert mergeable_params(model) == lora_mergeable_params(shape) > 0
     assert merged_bytes(model) == 4 * mergeable_params(model)  # float32 here
+
+
+def test_merged_copies_of_a_group_run_as_one_product(micro_dir, tokenizer):
+    """Each layer's q/k/v copies (and gate/up) are row views of one buffer, so the decode runs a
+    group as one product, as it does for plain weights (`engine.layout`): only o/down and the
+    head go through `linear`, and the tokens and logprobs are the adapters path's."""
+    model = with_adapter(build_model("qwen2", micro_dir, tokenizer, seed=2), std=0.1)
+    merged, adapters = engines(model, tokenizer)
+    copy, runner = merged.runner.merged, merged.runner
+    through_linear = set()
+
+    def counting(x, proj):
+        through_linear.add(id(proj))
+        return copy.linear(x, proj)
+
+    runner.ops = replace(runner.ops, linear=counting)
+    out = merged.generate(PROMPTS, SAMPLED)
+    assert_same_outputs(out, adapters.generate(PROMPTS, SAMPLED), atol=5e-5)
+    for layer in model.base_model.model.model.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        for group in ([attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]):
+            assert not through_linear & {id(m) for m in group}
+            weight, bias = copy.fused(group)
+            torch.testing.assert_close(weight, torch.cat([copy.reading[id(m)] for m in group]))
+            if group[0].base_layer.bias is not None:
+                torch.testing.assert_close(bias, torch.cat([m.base_layer.bias for m in group]))
+        assert {id(attn.o_proj), id(mlp.down_proj)} <= through_linear
+    with model.disable_adapter():  # read from the base, one by one: no merged group
+        copy.refresh()
+        assert copy.fused([attn.q_proj, attn.k_proj, attn.v_proj]) is None
 
 
 def test_merged_equals_adapters_and_sees_every_write(micro_dir, tokenizer):

@@ -119,7 +119,7 @@ class ModelRunner:
         self.merged: MergedAdapters | None = None
         if lora_generation == "merged":
             self.merged = MergedAdapters(self.model)
-            self.ops = replace(self.ops, linear=self.merged.linear)
+            self.ops = replace(self.ops, linear=self.merged.linear, fused=self.merged.fused)
         # a torch.cuda.MemPool the KV pool lives in, shared with a trainer's captured update
         # (`share_memory`); None: the allocator's default pool
         self.kv_mempool = None

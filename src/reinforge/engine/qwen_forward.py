@@ -107,6 +107,10 @@ class ForwardOps:
     silu_mul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = silu_mul
     # a projection (LoRA adapters applied), or its merged generation copy (`lora_merge`)
     linear: Callable[[torch.Tensor, Any], torch.Tensor] = linear
+    # the (weight, bias) spanning a group of projections (q/k/v, gate/up) run as one product, or
+    # None (then one by one): the merged copies' (`lora_merge`); None: the model's own layout
+    # (`engine.layout.fused_weight`)
+    fused: Callable[[list], tuple[torch.Tensor, torch.Tensor | None] | None] | None = None
 
 
 TORCH_OPS = ForwardOps()
@@ -146,9 +150,10 @@ def attention_block(
     backend: AttentionBackend,
     shape: ModelShape,
     linear: Callable[[torch.Tensor, Any], torch.Tensor] = linear,
+    fused_group: Callable[[list], tuple | None] | None = None,
 ) -> torch.Tensor:
     T = x_TE.shape[0]
-    fused = fused_weight([attn.q_proj, attn.k_proj, attn.v_proj])
+    fused = (fused_group or fused_weight)([attn.q_proj, attn.k_proj, attn.v_proj])
     if fused is not None:  # one product (`engine.layout`): the weights lie back to back
         q_out, kv_out = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
         q, k, v = F.linear(x_TE, *fused).split([q_out, kv_out, kv_out], dim=-1)
@@ -187,7 +192,7 @@ def mlp_block(
             routes_TK.copy_(ids_TK)
         return out_TE
     lin = ops.linear
-    fused = fused_weight([mlp.gate_proj, mlp.up_proj])
+    fused = (ops.fused or fused_weight)([mlp.gate_proj, mlp.up_proj])
     if fused is not None:  # one product (`engine.layout`)
         outs = [mlp.gate_proj.out_features, mlp.up_proj.out_features]
         gate, up = F.linear(x_TE, *fused).split(outs, dim=-1)
@@ -223,7 +228,16 @@ def forward(
     for i, layer in enumerate(inner.layers):
         x, hidden = ops.add_rms_norm(hidden, delta, layer.input_layernorm.weight, eps)
         delta = attention_block(
-            layer.self_attn, x, cos_TD, sin_TD, kv_cache[i], meta, backend, shape, ops.linear
+            layer.self_attn,
+            x,
+            cos_TD,
+            sin_TD,
+            kv_cache[i],
+            meta,
+            backend,
+            shape,
+            ops.linear,
+            ops.fused,
         )
         x, hidden = ops.add_rms_norm(hidden, delta, layer.post_attention_layernorm.weight, eps)
         routes_TK = None
