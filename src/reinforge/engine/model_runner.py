@@ -4,8 +4,9 @@ the sampler.
 Everything that touches tensors lives here; the scheduler hands over a `Batch` of sequences with
 their page tables and gets back one sampled token and its logprob per sequence. On CUDA with
 Triton, the decode step replays a CUDA graph (`cuda_graphs`), the small ops are fused
-(`triton_ops`), and sampling without top-p / top-k / min-p runs as one Gumbel-max pass on the
-device; the host reads back the ids and logprobs once per step. `launch` only queues a step and
+(`triton_ops`), and sampling without top-p / top-k / min-p runs on the device (the inverse of
+each row's distribution at its keyed uniform, as the torch sampler draws; greedy: the argmax);
+the host reads back the ids and logprobs once per step. `launch` only queues a step and
 returns a `LaunchedStep` to wait on, so the engine can queue the next decode first.
 """
 
