@@ -290,6 +290,10 @@ def test_inverse_cdf_sampler_follows_the_distribution_and_skips_zero_mass():
     critical = df * (1 - 2 / (9 * df) + 3.09 * math.sqrt(2 / (9 * df))) ** 3
     assert statistic < critical, (observed, expected)
     assert torch.isfinite(lps).all()
+    nan_rows = logits[:4].clone()
+    nan_rows[0] = float("nan")  # a broken row: an id in range, a NaN logprob; the others intact
+    ids, lps = triton_ops.sample_inverse_cdf(nan_rows, temperature, seeds[:4], positions[:4])
+    assert 0 <= int(ids[0]) < V and torch.isnan(lps[0]) and torch.isfinite(lps[1:]).all()
 
 
 @runs_here

@@ -392,7 +392,9 @@ def _icdf_pick_kernel(
         found = tl.minimum(found, hit)
         last = tl.maximum(last, tl.max(tl.where(positive, offs, -1), 0))
         acc += tl.sum(e, 0)
-    token = tl.sum(tl.where(found < V, found, last), 0)
+    # a row with no positive mass (NaN logits) still gets an id in range; its logprob is NaN,
+    # which the trainer's non-finite checks report
+    token = tl.maximum(tl.sum(tl.where(found < V, found, last), 0), 0)
     x_token = tl.load(logits_row + token).to(tl.float32) * inv_t
     tl.store(ids_ptr + row, token)
     logprob2 = x_token - top - tl.log2(total.to(tl.float32))
