@@ -26,12 +26,16 @@ from ..conftest import REPO, TINY_RUN, cli
 from ..forkserver import ForkServer
 
 NUM_KILLS = 20
-MAX_STEPS = 60
+# Steps for the kills to land in: each cycle advances one checkpoint or more (a random moment
+# lands up to `KILL_WITHIN_S` later); at 60 steps of 0.03 s a faster rollout let 20 cycles reach
+# step 59, and the last run ended by itself before the save it waited for (CI, session 22)
+MAX_STEPS = 120
+KILL_WITHIN_S = 0.15
 STALL_S = 90.0  # the watchdog's limit in every process of the drill
 ARGS = [
     "train",
     *TINY_RUN,
-    "run.max_steps=60",
+    f"run.max_steps={MAX_STEPS}",
     "sft.steps=2",
     "checkpoint.every=1",
     "checkpoint.keep_last=2",
@@ -79,7 +83,7 @@ def kill_once(server: ForkServer, run: Path, cycle: int, rng: random.Random, log
         if cycle % 2 == 0:  # during the next save
             wait_until(lambda: saving(run), log, "save")
         else:  # at a random moment of the next steps
-            time.sleep(rng.uniform(0.0, 0.3))
+            time.sleep(rng.uniform(0.0, KILL_WITHIN_S))
     os.kill(pid, signal.SIGKILL)
     during_save = saving(run)
     returncode = server.wait()
