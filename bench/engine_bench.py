@@ -425,14 +425,14 @@ def bench_decode_kernel(name: str, B: int, H: int, K: int, D: int, ctx: int) -> 
 def bench_sampler(B: int, V: int) -> dict:
     import functools
 
-    from reinforge.engine import triton_ops
+    from reinforge.engine import triton_sampling
 
     logits = torch.randn(B, V, device="cuda", dtype=torch.bfloat16)
     seeds = torch.arange(B, device="cuda")
     out = {}
     for name, fn in (
-        ("gumbel", triton_ops.sample_gumbel),
-        ("inverse_cdf", triton_ops.sample_inverse_cdf),
+        ("gumbel", triton_sampling.sample_gumbel),
+        ("inverse_cdf", triton_sampling.sample_inverse_cdf),
     ):
         ms = graph_ms(functools.partial(fn, logits, 1.0, seeds, seeds))
         tb_s = logits.numel() * 2 / (ms / 1e3) / 1e12

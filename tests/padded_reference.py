@@ -8,12 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforge.train.packing.logprobs import (
-    DEFAULT_CHUNK_SIZE,
-    chunked_logprobs,
-    final_hidden_states,
-    lm_head_weight,
-)
+from reinforge.train.packing.hidden import final_hidden_states, lm_head_weight
+from reinforge.train.packing.logprobs import DEFAULT_CHUNK_SIZE, chunked_logprobs
 
 
 @dataclass

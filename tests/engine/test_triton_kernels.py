@@ -50,7 +50,12 @@ elif INTERPRETED:
 
     _interpreter._patch_lang_tensor = _patch_with_index
 
-from reinforge.engine import sampling, triton_attention, triton_ops  # noqa: E402
+from reinforge.engine import (  # noqa: E402
+    sampling,
+    triton_attention,
+    triton_ops,
+    triton_sampling,
+)
 from reinforge.engine.attention import (  # noqa: E402
     AttentionMetadata,
     decode_sdpa,
@@ -208,17 +213,17 @@ def test_gumbel_sampler_greedy_and_logprobs():
     seeds = torch.arange(B, dtype=torch.long)
     positions = torch.zeros(B, dtype=torch.long)
     args = (seeds.to(DEVICE), positions.to(DEVICE))
-    ids, lps = triton_ops.sample_gumbel(logits.to(DEVICE), 0.0, *args)
+    ids, lps = triton_sampling.sample_gumbel(logits.to(DEVICE), 0.0, *args)
     ref_lp = torch.log_softmax(logits.float(), -1)
     assert ids.cpu().tolist() == logits.float().argmax(-1).tolist()
     torch.testing.assert_close(lps.cpu(), ref_lp.gather(-1, ids.cpu()[:, None])[:, 0])
 
-    ids, lps = triton_ops.sample_gumbel(logits.to(DEVICE), 0.7, *args)
+    ids, lps = triton_sampling.sample_gumbel(logits.to(DEVICE), 0.7, *args)
     ref_lp = torch.log_softmax(logits.float() / 0.7, -1)
     torch.testing.assert_close(lps.cpu(), ref_lp.gather(-1, ids.cpu()[:, None])[:, 0])
-    again, _ = triton_ops.sample_gumbel(logits.to(DEVICE), 0.7, *args)
+    again, _ = triton_sampling.sample_gumbel(logits.to(DEVICE), 0.7, *args)
     assert torch.equal(ids, again)  # a function of (seed, position) alone
-    moved, _ = triton_ops.sample_gumbel(logits.to(DEVICE), 0.7, seeds.to(DEVICE), args[1] + 1)
+    moved, _ = triton_sampling.sample_gumbel(logits.to(DEVICE), 0.7, seeds.to(DEVICE), args[1] + 1)
     assert not torch.equal(ids, moved)
 
 
@@ -230,7 +235,7 @@ def test_gumbel_sampler_follows_the_distribution():
     logits = logits_V.expand(B, V).contiguous().to(DEVICE)
     seeds = torch.arange(B, device=DEVICE) * 7919 + 11
     positions = torch.full((B,), 5, device=DEVICE)
-    ids, _ = triton_ops.sample_gumbel(logits, temperature, seeds, positions)
+    ids, _ = triton_sampling.sample_gumbel(logits, temperature, seeds, positions)
     observed = torch.bincount(ids.cpu(), minlength=V).double()
     expected = torch.softmax(logits_V.double() / temperature, -1) * B
     statistic = ((observed - expected) ** 2 / expected).sum().item()
@@ -253,7 +258,7 @@ def test_inverse_cdf_sampler_draws_what_the_torch_sampler_draws(dtype):
     positions = torch.randint(0, 4096, (B,), generator=generator)
     uniforms = [sampling.row_uniform(int(k), int(p)) for k, p in zip(seeds, positions)]
     for temperature in (1.0, 0.6):
-        ids, lps = triton_ops.sample_inverse_cdf(
+        ids, lps = triton_sampling.sample_inverse_cdf(
             logits.to(DEVICE), temperature, seeds.to(DEVICE), positions.to(DEVICE)
         )
         ref_ids, ref_lps = sampling.sample_keyed(logits, temperature, 1.0, 0, 0.0, uniforms)
@@ -266,7 +271,7 @@ def test_inverse_cdf_sampler_draws_what_the_torch_sampler_draws(dtype):
         assert torch.allclose(
             lps.cpu()[ids.cpu() == ref_ids], ref_lps[ids.cpu() == ref_ids], atol=1e-4
         )
-    moved, _ = triton_ops.sample_inverse_cdf(
+    moved, _ = triton_sampling.sample_inverse_cdf(
         logits.to(DEVICE), 1.0, seeds.to(DEVICE), positions.to(DEVICE) + 1
     )
     assert not torch.equal(moved.cpu(), ids.cpu())  # a new position, a new draw
@@ -280,7 +285,9 @@ def test_inverse_cdf_sampler_follows_the_distribution_and_skips_zero_mass():
     logits = logits_V.expand(B, V).contiguous().to(DEVICE)
     seeds = torch.arange(B, device=DEVICE) * 7919 + 11
     positions = torch.full((B,), 5, device=DEVICE)
-    ids, lps = triton_ops.sample_inverse_cdf(logits, temperature, seeds, positions, num_chunks=3)
+    ids, lps = triton_sampling.sample_inverse_cdf(
+        logits, temperature, seeds, positions, num_chunks=3
+    )
     observed = torch.bincount(ids.cpu(), minlength=V).double()
     assert observed[6] == 0  # probability 0: never drawn
     expected = torch.softmax(logits_V.double() / temperature, -1) * B
@@ -292,7 +299,7 @@ def test_inverse_cdf_sampler_follows_the_distribution_and_skips_zero_mass():
     assert torch.isfinite(lps).all()
     nan_rows = logits[:4].clone()
     nan_rows[0] = float("nan")  # a broken row: an id in range, a NaN logprob; the others intact
-    ids, lps = triton_ops.sample_inverse_cdf(nan_rows, temperature, seeds[:4], positions[:4])
+    ids, lps = triton_sampling.sample_inverse_cdf(nan_rows, temperature, seeds[:4], positions[:4])
     assert 0 <= int(ids[0]) < V and torch.isnan(lps[0]) and torch.isfinite(lps[1:]).all()
 
 

@@ -13,12 +13,8 @@ import pytest
 import torch
 
 from reinforge.models.tiny import builtin_path
-from reinforge.train.packing.logprobs import (
-    chunked_logprobs,
-    final_hidden_states,
-    lm_head_weight,
-    vocab_slice_width,
-)
+from reinforge.train.packing.hidden import final_hidden_states, lm_head_weight
+from reinforge.train.packing.logprobs import chunked_logprobs, vocab_slice_width
 from tests.padded_reference import chunked_token_logprobs, pad_batch, token_logprobs
 
 N, H, V = 37, 16, 53

@@ -345,7 +345,7 @@ class ModelRunner:
             repeats = torch.tensor(sizes, device=logits_GV.device)
             logits_GV = logits_GV.repeat_interleave(repeats, dim=0, output_size=sum(sizes))
         if self.is_fast_path and uses_fused_sampler(params):
-            from reinforge.engine import cuda_graphs, triton_ops
+            from reinforge.engine import cuda_graphs, triton_sampling
 
             n = logits_GV.shape[0]
             if self._graph_logits:
@@ -357,11 +357,11 @@ class ModelRunner:
                 seeds = self._to_device([seq.sample_seed for seq in seqs])
                 positions = self._to_device([seq.num_output_tokens for seq in seqs])
             if params.temperature > 0.0:
-                ids, lps = triton_ops.sample_inverse_cdf(
+                ids, lps = triton_sampling.sample_inverse_cdf(
                     logits_GV, params.temperature, seeds, positions
                 )
             else:
-                ids, lps = triton_ops.sample_gumbel(logits_GV, 0.0, seeds, positions)
+                ids, lps = triton_sampling.sample_gumbel(logits_GV, 0.0, seeds, positions)
         else:
             uniforms = [row_uniform(seq.sample_seed, seq.num_output_tokens) for seq in batch.seqs]
             ids, lps = sample_keyed(

@@ -55,7 +55,7 @@ def filter_logprobs(
 
 # Keyed sampling: each draw is a function of (sequence key, position) and the distribution alone,
 # so a sequence samples the same tokens whatever batch, rank or process it runs in (the paged
-# engine's contract). The Triton sampler on a GPU (`triton_ops.sample_inverse_cdf`) makes the
+# engine's contract). The Triton sampler on a GPU (`triton_sampling.sample_inverse_cdf`) makes the
 # same draw from the same uniform, so both sample the same tokens but within rounding of a
 # boundary between two tokens.
 

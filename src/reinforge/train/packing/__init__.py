@@ -57,12 +57,8 @@ from reinforge.train.packing.attention import (
     Segments,
     segment_mask,
 )
-from reinforge.train.packing.logprobs import (
-    DEFAULT_CHUNK_SIZE,
-    chunked_logprobs,
-    final_hidden_states,
-    lm_head_weight,
-)
+from reinforge.train.packing.hidden import final_hidden_states, lm_head_weight
+from reinforge.train.packing.logprobs import DEFAULT_CHUNK_SIZE, chunked_logprobs
 from reinforge.train.packing.plan import plan_shared_micro_batches
 
 

@@ -30,7 +30,8 @@ from reinforge.train.packing import (
     pack_one,
     packed_hidden_states,
 )
-from reinforge.train.packing.logprobs import chunked_logprobs, lm_head_weight
+from reinforge.train.packing.hidden import lm_head_weight
+from reinforge.train.packing.logprobs import chunked_logprobs
 from reinforge.train.packing.plan import plan_shared_micro_batches
 
 

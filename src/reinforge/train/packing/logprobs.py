@@ -43,11 +43,7 @@ Contract
 - Gradients flow to both outputs (an entropy bonus trains through `entropy_N`) and to hidden
   states and the head weight; a frozen head (LoRA) costs no weight-gradient matmul.
 
-`final_hidden_states(model, ...)` runs a HF causal LM's decoder (`model.get_decoder()`, which
-includes any PEFT adapter layers) and stops before its LM head, so the model never builds logits;
-`lm_head_weight(model)` is the output embedding (the tied input embedding when tied). Together
-they give the packed trainer's logprobs (`train.packing.forward`); tests check them against full logits on
-padded batches (`tests/padded_reference.py`).
+The model's side (its last hidden states and head weight, without logits): `packing.hidden`.
 """
 
 from __future__ import annotations
@@ -383,35 +379,3 @@ def _row_dot(a_CV: torch.Tensor, b_CV: torch.Tensor) -> torch.Tensor:
     """sum(a * b, -1) as a batched matmul: no [C, V] temporary. (Under TF32 matmuls this H is
     good to about 1e-3 relative; it only scales the entropy term of the gradient.)"""
     return torch.bmm(a_CV[:, None, :], b_CV[:, :, None])[:, 0, 0]
-
-
-# ---------------------------------------------------------------------------------------------
-# HF causal LMs without their logits
-
-
-def lm_head_weight(model) -> torch.Tensor:
-    """The LM head weight [V, H] (the input embedding when the model ties them)."""
-    head = model.get_output_embeddings()
-    assert getattr(head, "bias", None) is None, "LM heads with a bias are not supported"
-    assert getattr(model.config, "final_logit_softcapping", None) is None, "no logit softcapping"
-    return head.weight
-
-
-def final_hidden_states(
-    model,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None = None,
-    position_ids: torch.Tensor | None = None,
-    **kwargs,
-) -> torch.Tensor:
-    """The decoder's last hidden states (after its final norm), [B, T, H]. `kwargs` reach the
-    attention functions (e.g. `cu_seq_lens_q` for packed rows)."""
-    decoder = model.get_decoder()
-    out = decoder(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-        **kwargs,
-    )
-    return out.last_hidden_state
