@@ -8,9 +8,9 @@ q/k/v/o, a dense MLP's gate/up/down, the LM head), in the engine's dtype; every 
 the model's own tensor (nothing else is copied). A layer's q/k/v copies, and its gate/up copies,
 are row views of one buffer (with the base biases joined beside them), so the decode runs each
 group as one product (`fused`), as it does for plain weights laid out by `engine.layout`: 4
-products a layer instead of 7 (on E1's 0.5B shape that layout was 1.13x, session 21). `refresh` rebuilds the buffers in place (their
-addresses stay: a captured CUDA graph reads the new values with no recapture), and only when the
-weights may have changed since the last build. The engine learns that from three signals:
+products a layer instead of 7 (on E1's 0.5B shape that layout was 1.13x, session 21).
+`refresh` rebuilds the buffers in place (their addresses stay: a captured CUDA graph reads the
+new values with no recapture), and only when the weights may have changed since the last build. The engine learns that from three signals:
 
 - any optimizer's `step` in this process (a global `torch.optim` post-step hook: the fused AdamW
   on CUDA updates A/B without bumping their version counters);
@@ -87,9 +87,9 @@ def mergeable_layers(model) -> list[Any]:
 def mergeable_groups(model, layers: list[Any]) -> list[list[Any]]:
     """Each decoder layer's q/k/v, and its dense MLP's gate/up, where every one is in `layers`
     (mergeable) and their base weights share a dtype, device and input width."""
-    mergeable = {id(p) for p in layers}
     if not layers:
         return []
+    mergeable = {id(p) for p in layers}
     found = []
     for layer in causal_lm(model).model.layers:
         attn, mlp = layer.self_attn, layer.mlp
@@ -173,8 +173,9 @@ class MergedAdapters:
 
     def fused(self, mods: list[Any]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """`layout.fused_weight` for the merged copies: the copy spanning a group whose every
-        projection this generate reads from the copy (one buffer, `_build`), with the base
-        layers' biases where they too lie back to back; None otherwise (one by one)."""
+        projection this generate reads from the copy (one buffer, `_allocate`), with the group's
+        joined bias copy; for any other group, the model's own layout (None for LoRA layers:
+        one by one)."""
         weights = [self.reading.get(id(m)) for m in mods]
         if any(w is None for w in weights):
             return layout.fused_weight(mods)
