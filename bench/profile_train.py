@@ -109,6 +109,9 @@ def profiled(out_file: str):
                     sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=90
                 )
             )
+            if cuda:
+                f.write("\n\nby device time (self: the kernels themselves):\n")
+                f.write(averages.table(sort_by="self_cuda_time_total", row_limit=60))
             f.write("\n\nby host time (self):\n")
             f.write(averages.table(sort_by="self_cpu_time_total", row_limit=45))
             f.write(f"\n\nsynchronizing calls in the update: {sum(syncs.values())}\n")
