@@ -171,23 +171,33 @@ def test_a_shared_mempool_takes_turns_and_keeps_the_decode_graphs(micro_dir, tok
     from reinforge.engine.cuda_graphs import capture
 
     model = build_model("qwen2", micro_dir, tokenizer).to(CUDA, torch.bfloat16)
+    prompts = [list(range(5, 5 + k)) for k in range(1, 40)]
+    plain = PagedEngine(model, tokenizer, block_size=16, kv_cache_bytes=64 * 2**20)
+    expected = greedy(plain, prompts, n=2)
+    del plain
     engine = PagedEngine(model, tokenizer, block_size=16, kv_cache_bytes=64 * 2**20)
     mempool = torch.cuda.MemPool()
     engine.runner.share_memory(mempool)
-    prompts = [list(range(5, 5 + k)) for k in range(1, 40)]
     first = greedy(engine, prompts, n=2)
+    assert first == expected  # prefills in the mempool, logits rows beside the pool: the same
     address = engine.runner.kv_cache.data_ptr()
     decode = engine.runner.graphs
     assert decode is not None and decode.graphs
+    # the decode graphs write their logits beside the KV pool, in the mempool's one block
+    area = engine.runner.logits_area
+    assert decode._logits is None and area is not None and area.shape[0] == decode.max_batch_size
+    assert area.data_ptr() == address + engine.runner.kv_cache.numel() * 2
 
-    def reserved() -> int:
+    def reserved(allocated: bool = False) -> int:
         return sum(
-            s["total_size"]
+            s["allocated_size" if allocated else "total_size"]
             for s in torch.cuda.memory_snapshot()
             if tuple(s.get("segment_pool_id", ())) == tuple(mempool.id)
         )
 
     engine.release_memory()
+    assert reserved(allocated=True) == 0  # the pool, its logits rows, the prefills': all free
+    assert engine.runner.logits_area is None
     before = reserved()
     size = 48 * 2**20 // 4  # float32 elements: most of the released pool
     graph = torch.cuda.CUDAGraph()
@@ -204,6 +214,36 @@ def test_a_shared_mempool_takes_turns_and_keeps_the_decode_graphs(micro_dir, tok
     engine.release_memory()
     graph.replay()
     assert greedy(engine, prompts, n=2) == first
+
+
+def test_a_prefill_in_the_shared_mempool_is_counted_once(micro_dir, tokenizer):
+    """With the KV pool in a shared mempool, a prefill's activations are allocated there too
+    (G1: in the update's memory, free while the engine generates), and the peak it sets is
+    recorded: `peak_outside_prefills` gives the allocator's peak without it, since the
+    mempool's reserved bytes already count that memory (`graphs.held_bytes`)."""
+    model = build_model("qwen2", micro_dir, tokenizer).to(CUDA, torch.bfloat16)
+    engine = PagedEngine(model, tokenizer, block_size=16, kv_cache_bytes=64 * 2**20)
+    mempool = torch.cuda.MemPool()
+    runner = engine.runner
+    runner.share_memory(mempool)
+    prompts = [list(range(5 + i, 205 + i)) for i in range(40)]  # one long prefill, short decode
+    greedy(engine, prompts, max_new_tokens=4, n=1)  # captures its decode graphs
+    runner.peak_outside_prefills(0)  # (forgets the first generate's)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    greedy(engine, prompts, max_new_tokens=4, n=1)
+    peak = torch.cuda.max_memory_allocated()
+    reserved = sum(
+        s["total_size"]
+        for s in torch.cuda.memory_snapshot()
+        if tuple(s.get("segment_pool_id", ())) == tuple(mempool.id)
+    )
+    assert reserved > runner.kv_bytes_in_mempool  # the prefill's activations are the mempool's
+    assert peak > start + 2**20  # the prefill set this generate's peak ...
+    outside = runner.peak_outside_prefills(peak)
+    assert start <= outside < peak - 2**20  # ... and it is taken out of the peak once
+    assert runner.peak_outside_prefills(peak) == peak  # forgotten after the read
 
 
 def test_a_capture_leaves_no_blas_workspace_in_its_pool():

@@ -149,7 +149,13 @@ class DecodeGraphs:
         # what each row of `tables` holds: (seq_id, number of pages, last page)
         self.table_keys: list[tuple[int, int, int] | None] = [None] * self.max_batch_size
         vocab = runner.model.lm_head.weight.shape[0]
-        self.logits = torch.empty((self.max_batch_size, vocab), dtype=runner.dtype, device=device)
+        # the logits rows every replay writes: the runner's, beside a KV pool in a shared mempool
+        # (`ModelRunner.logits_area`, at the same address whenever the pool is), else our own
+        self._logits = None
+        area = runner.logits_area
+        if area is None or area.shape[0] < self.max_batch_size:
+            shape = (self.max_batch_size, vocab)
+            self._logits = torch.empty(shape, dtype=runner.dtype, device=device)
         # routing replay: every replay writes its tokens' experts here (a few bytes per token)
         self.routes = None
         if runner.route_shape is not None:
@@ -159,6 +165,13 @@ class DecodeGraphs:
         self.pool: Any = None  # the graphs' shared memory pool (an opaque handle)
         self.capture_key = self._capture_key()
         self.capture_seconds = 0.0
+
+    @property
+    def logits(self) -> torch.Tensor:
+        if self._logits is not None:
+            return self._logits
+        assert self.runner.logits_area is not None, "a replay while the KV pool is released"
+        return self.runner.logits_area
 
     def fits(self, batch_size: int) -> bool:
         return batch_size <= self.max_batch_size

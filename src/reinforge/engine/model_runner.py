@@ -12,6 +12,7 @@ returns a `LaunchedStep` to wait on, so the engine can queue the next decode fir
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -24,6 +25,7 @@ from reinforge.engine.attention import AttentionMetadata
 from reinforge.engine.attention_select import select_attention_backend
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.cuda_graphs import (
+    BUCKETS,
     CONTEXT_LENS,
     IDS,
     NUM_ROW_FIELDS,
@@ -124,6 +126,13 @@ class ModelRunner:
         # a torch.cuda.MemPool the KV pool lives in, shared with a trainer's captured update
         # (`share_memory`); None: the allocator's default pool
         self.kv_mempool = None
+        # in a shared mempool: the decode graphs' logits rows, allocated with the KV pool (one
+        # block: released and restored with it, at the same address); None: the graphs keep their
+        # own buffer
+        self.logits_area: torch.Tensor | None = None
+        # the allocator's peaks that a prefill run in the shared mempool set, each mapped to the
+        # peak before it (`peak_outside_prefills`)
+        self._prefill_peaks: dict[int, int] = {}
         self.kv_cache: torch.Tensor | None = self._new_pool(num_blocks)
         self._num_blocks = num_blocks
         self.max_num_seqs = max_num_seqs
@@ -149,9 +158,21 @@ class ModelRunner:
         # allocated on the capture stream: the allocator reuses a freed block only on the
         # stream it came from, and the update's capture runs there (zeroed on this stream,
         # after whatever last used the memory)
+        # The decode graphs' logits rows come after the pages in the same block: a separate
+        # buffer of its own would stay allocated through the update (G1: 78 MB at 256 rows)
+        kv_numel = math.prod(shape)
+        rows, vocab = self._logits_area_shape()
         with torch.cuda.stream(capture_stream()), torch.cuda.use_mem_pool(self.kv_mempool):
-            pool = torch.empty(shape, dtype=self.dtype, device=self.device)
-        return pool.zero_()
+            block = torch.empty(kv_numel + rows * vocab, dtype=self.dtype, device=self.device)
+        block.zero_()
+        self.logits_area = block[kv_numel:].view(rows, vocab) if rows else None
+        return block[:kv_numel].view(shape)
+
+    def _logits_area_shape(self) -> tuple[int, int]:
+        """(rows, vocab) of the decode graphs' logits buffer kept in the shared mempool."""
+        if not getattr(self, "use_cuda_graphs", False) or self.rope is None:
+            return 0, 0
+        return min(self.max_num_seqs, BUCKETS[-1]), self.model.lm_head.weight.shape[0]
 
     def share_memory(self, mempool) -> None:
         """From now on the KV pool lives in `mempool` (a `torch.cuda.MemPool`), where a trainer
@@ -168,10 +189,23 @@ class ModelRunner:
 
     @property
     def kv_bytes_in_mempool(self) -> int:
-        """The KV pool's bytes when it lives in the shared mempool (allocated or released)."""
+        """The KV pool's bytes when it lives in the shared mempool (allocated or released), with
+        the decode graphs' logits rows allocated beside it."""
         if self.kv_mempool is None:
             return 0
-        return kv_bytes_per_block(self.model, self.block_size) * self._num_blocks
+        rows, vocab = self._logits_area_shape()
+        pool = kv_bytes_per_block(self.model, self.block_size) * self._num_blocks
+        return pool + rows * vocab * self.dtype.itemsize
+
+    def peak_outside_prefills(self, peak: int) -> int:
+        """`peak` (the allocator's `max_memory_allocated`) without what prefills run in the
+        shared mempool allocated there: that memory is the mempool's, counted with its reserved
+        bytes (`graphs.held_bytes`), and nothing else was allocated during those prefills.
+        Forgets the prefills' peaks (call it where the allocator's peak is reset)."""
+        while peak in self._prefill_peaks:
+            peak = self._prefill_peaks[peak]
+        self._prefill_peaks.clear()
+        return peak
 
     @property
     def num_blocks(self) -> int:
@@ -191,6 +225,7 @@ class ModelRunner:
         if self.kv_cache is None:
             return
         self.kv_cache = None
+        self.logits_area = None  # (the same block: nothing may keep it alive)
         if self.kv_mempool is None:  # (in a shared mempool the pool returns where it was)
             self.graphs = None
         if self.merged is not None:
@@ -217,7 +252,7 @@ class ModelRunner:
         assert self.kv_cache is not None, "restore() before growing a released pool"
         if num_blocks <= self.num_blocks:
             return
-        self.kv_cache = None  # free the old pool before allocating the new one
+        self.kv_cache = self.logits_area = None  # free the old pool before allocating anew
         self.kv_cache = self._new_pool(num_blocks)
         self._num_blocks = num_blocks
         if self.graphs is not None:
@@ -316,7 +351,7 @@ class ModelRunner:
         if self.route_shape is not None:
             shape = (input_ids.shape[0], *self.route_shape)
             self.last_routes = torch.empty(shape, dtype=self.route_dtype, device=self.device)
-        return forward(
+        run = lambda: forward(  # noqa: E731
             self.model,
             input_ids,
             positions,
@@ -329,6 +364,26 @@ class ModelRunner:
             self.rope,
             routes_out=self.last_routes,
         )
+        if batch.is_prefill and self.kv_mempool is not None:
+            return self._in_mempool(run)
+        return run()
+
+    def _in_mempool(self, run) -> torch.Tensor:
+        """A prefill's activations in the shared mempool, where the update's memory is free
+        while the engine generates (G1: ~0.7 GiB beside the KV pool), not beside it: on the
+        capture stream, whose blocks the mempool's are. The peak it sets there is recorded so
+        the step's peak does not count it twice (`peak_outside_prefills`)."""
+        before = torch.cuda.max_memory_allocated(self.device)
+        stream, current = capture_stream(), torch.cuda.current_stream()
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream), torch.cuda.use_mem_pool(self.kv_mempool):
+            logits = run()
+        current.wait_stream(stream)
+        logits.record_stream(current)  # (read on this stream: its block waits for that)
+        after = torch.cuda.max_memory_allocated(self.device)
+        if after > before:
+            self._prefill_peaks[after] = before
+        return logits
 
     @torch.inference_mode()
     def sample(

@@ -318,6 +318,16 @@ def held_bytes(learner, phase: str, captured: bool = False, segments: list | Non
     return max(free, 0)
 
 
+def peak_allocated(learner, device: torch.device) -> int:
+    """The allocator's peak since its last reset, less what the engine's prefills allocated in
+    the shared mempool (counted with the mempool's reserved bytes instead: `held_bytes`)."""
+    peak = torch.cuda.max_memory_allocated(device)
+    runner = getattr(getattr(learner.policy, "engine", None), "runner", None)
+    if runner is not None and hasattr(runner, "peak_outside_prefills"):
+        peak = runner.peak_outside_prefills(peak)
+    return peak
+
+
 def pool_metrics(learner, segments: list | None = None) -> dict[str, float]:
     """The graph pools' reserved GiB (`gpu_pool_update_gib`, `gpu_pool_decode_gib`) and the KV
     pool's where it lives in the shared mempool (`gpu_kv_gib`): what the peaks' held part is."""

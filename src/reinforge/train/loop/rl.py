@@ -32,7 +32,7 @@ from reinforge.sharding import full_weights
 from reinforge.train.loop.advantage_step import assign_advantages, build_step_batch
 from reinforge.train.loop.diagnostics import headroom_eval, headroom_text, question_repeats
 from reinforge.train.loop.disaggregated import generate_for_trainers
-from reinforge.train.loop.graphs import held_bytes, pool_metrics
+from reinforge.train.loop.graphs import held_bytes, peak_allocated, pool_metrics
 from reinforge.train.loop.learner import Learner, build_learner, score_with_models
 from reinforge.train.loop.nonfinite import enforce_non_finite_policy
 from reinforge.train.loop.run_notes import learning_notes
@@ -324,7 +324,7 @@ def device_memory_metrics(
     if device.type != "cuda":
         return {}
     held = held_bytes(learner, phase, captured, segments)
-    peak = (torch.cuda.max_memory_allocated(device) + held) / 2**30
+    peak = (peak_allocated(learner, device) + held) / 2**30
     torch.cuda.reset_peak_memory_stats(device)
     return {f"gpu_peak_{phase}_gib": peak}
 
