@@ -187,6 +187,7 @@ def test_a_shared_mempool_takes_turns_and_keeps_the_decode_graphs(micro_dir, tok
     area = engine.runner.logits_area
     assert decode._logits is None and area is not None and area.shape[0] == decode.max_batch_size
     assert area.data_ptr() == address + engine.runner.kv_cache.numel() * 2
+    del area  # (a view keeps the whole block alive)
 
     def reserved(allocated: bool = False) -> int:
         return sum(
