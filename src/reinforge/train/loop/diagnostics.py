@@ -121,18 +121,16 @@ def policy_change(
     # k3: unbiased under the old policy and never negative (the clamp: float rounding near r = 1)
     kl_BT = (ratio_BT - 1.0 - log_ratio_BT).clamp(min=0.0)
     adv_BT = advantages[:, None].expand_as(mask_BT) if advantages.dim() == 1 else advantages
-    num_tokens = max(float(mask_BT.sum()), 1.0)
-
-    def mean(values_BT: torch.Tensor) -> float:
-        return float((values_BT * mask_BT).sum()) / num_tokens
-
-    return {
-        "policy_kl": mean(kl_BT),
-        "policy_kl_no_signal": mean(kl_BT * (adv_BT == 0)),
-        "policy_ratio_low_frac": mean((ratio_BT < 1.0 - clip_low).float()),
-        "policy_ratio_high_frac": mean((ratio_BT > 1.0 + clip_high).float()),
-        "policy_shift_signed": mean(torch.sign(adv_BT) * log_ratio_BT),
+    values = {
+        "policy_kl": kl_BT,
+        "policy_kl_no_signal": kl_BT * (adv_BT == 0),
+        "policy_ratio_low_frac": (ratio_BT < 1.0 - clip_low).float(),
+        "policy_ratio_high_frac": (ratio_BT > 1.0 + clip_high).float(),
+        "policy_shift_signed": torch.sign(adv_BT) * log_ratio_BT,
     }
+    sums = torch.stack([(v * mask_BT).sum() for v in values.values()])
+    means = (sums / mask_BT.sum().clamp(min=1.0)).tolist()  # one read-back for all five
+    return dict(zip(values, means, strict=True))
 
 
 # ------------------------------------------------------------------------ per-step, device
