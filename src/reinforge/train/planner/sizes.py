@@ -76,6 +76,8 @@ MAX_MICRO_TOKENS = 16384
 # a smaller one costs no speed and its activations come out of the memory generation's KV pool
 # takes in turn. G1 on an H100 (session 21, s21d, one call): 16,384 tokens 2.729 s step (update
 # 1.582 s), 5.83 GiB peak; 12,288 2.740 s (1.583), 5.37 GiB; 8,192 2.862 s (1.668), 4.92 GiB.
+# Since session 23 (the decode graphs' logits and the prefills in the shared mempool) 12,288
+# peaks at 5.18 GiB on both kinds (s23b, s23e).
 GRAPH_MICRO_TOKENS = 12288
 SAMPLING_SEQS = 256
 PREFILL_CHUNK_TOKENS = 8192
