@@ -247,6 +247,29 @@ def test_a_prefill_in_the_shared_mempool_is_counted_once(micro_dir, tokenizer):
     assert runner.peak_outside_prefills(peak) == peak  # forgotten after the read
 
 
+def test_a_prefill_that_runs_out_of_memory_in_the_mempool_runs_again(micro_dir, tokenizer):
+    """The mempool grows only from memory no pool caches: a prefill there that runs out of
+    memory hands the default pool's cached blocks back and runs once more (the same K/V)."""
+    model = build_model("qwen2", micro_dir, tokenizer).to(CUDA, torch.bfloat16)
+    engine = PagedEngine(model, tokenizer, block_size=16, kv_cache_bytes=64 * 2**20)
+    runner = engine.runner
+    runner.share_memory(torch.cuda.MemPool())
+    calls = []
+
+    def prefill() -> torch.Tensor:
+        calls.append(torch.cuda.current_stream())
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (a test)")
+        return torch.ones(4, 8, device=CUDA)
+
+    out = runner._in_mempool(prefill)
+    assert len(calls) == 2 and all(s == calls[0] for s in calls)  # both on the capture stream
+    assert calls[0] != torch.cuda.current_stream()
+    assert out.sum().item() == 32
+    with pytest.raises(torch.OutOfMemoryError):  # twice: the error stands
+        runner._in_mempool(lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("again")))
+
+
 def test_a_capture_leaves_no_blas_workspace_in_its_pool():
     """cuBLAS makes a workspace per stream at the stream's first matrix product and keeps it
     for the process's life: made inside a capture into a shared mempool, it would stay there as

@@ -376,8 +376,16 @@ class ModelRunner:
         before = torch.cuda.max_memory_allocated(self.device)
         stream, current = capture_stream(), torch.cuda.current_stream()
         stream.wait_stream(current)
-        with torch.cuda.stream(stream), torch.cuda.use_mem_pool(self.kv_mempool):
-            logits = run()
+        try:
+            with torch.cuda.stream(stream), torch.cuda.use_mem_pool(self.kv_mempool):
+                logits = run()
+        except torch.OutOfMemoryError:
+            # the mempool grows only from memory no pool caches: hand back the default pool's
+            # cached blocks and run it again (a prefill only rewrites the same K/V)
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            with torch.cuda.stream(stream), torch.cuda.use_mem_pool(self.kv_mempool):
+                logits = run()
         current.wait_stream(stream)
         logits.record_stream(current)  # (read on this stream: its block waits for that)
         after = torch.cuda.max_memory_allocated(self.device)
