@@ -266,14 +266,15 @@ class TrainSection(Section):
     the update takes the same time on a slow host as on a fast one, and small micro-batches cost
     no speed. "run" (or true): one graph kept across steps (only replays after the first step;
     its activations and the step's gradients live in one memory pool with generation's KV pool,
-    the two taking turns, and the engine keeps its decode graphs across the update; the
+    the decode graphs' logits and the prefills' activations, the two phases taking turns, and
+    the engine keeps its decode graphs across the update; the
     planner's micro-batches are then 12,288 tokens, not 16,384: replayed, no slower). "step":
     captured per step and freed after it (each step runs one micro-batch eagerly and captures
     the next). "auto": "run" where the memory plan has room for the graph's memory beside
     generation's KV pool, else off. One process, dense models without a value head; elsewhere
     off. G1, same call: H200 step 2.59 s with "auto" against 2.72 s with false, H100 2.73 s
-    against 3.23 s; peak 5.37 against 5.22 GiB (bench/RESULTS.md, session 21): set false where
-    the last 0.15 GiB matters more than speed."""
+    against 3.23 s (bench/RESULTS.md, session 21); peak 5.18 GiB with "auto" (session 23)
+    against 5.19-5.20 with false (session 22)."""
     non_finite: Literal["skip", "crash"] = "skip"
     """What a step whose gradient holds NaN or infinity does: "skip" (count it in the metric
     `nonfinite_skipped`, leave parameters and optimizer state untouched, go on; the run fails
