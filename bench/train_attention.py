@@ -45,10 +45,61 @@ def fwd_bwd(fn, *inputs):
     return run
 
 
+def ragged(S: int, T: int, results: dict, report) -> None:
+    """cuDNN's packed (ragged) attention, `aten._cudnn_attention_forward` with cumulative
+    lengths, against torch's packed flash on the same rows: whether it runs (GQA, autograd),
+    agrees, and where its causal diagonal sits when a segment has more keys than queries."""
+    dev, dt = torch.device("cuda"), torch.bfloat16
+    varlen = torch_varlen_attn()
+    causal = {"window_size": (-1, 0)} if "window_size" in varlen_options() else {"is_causal": True}
+
+    def cudnn(q, k, v, cu_q, cu_k, max_q, max_k):
+        return torch.ops.aten._cudnn_attention_forward(
+            q, k, v, None, cu_q, cu_k, max_q, max_k, True, 0.0, True, False, scale=D**-0.5
+        )[0]
+
+    def flash(q, k, v, cu_q, cu_k, max_q, max_k):
+        k, v = k.repeat_interleave(HQ // k.shape[1], 1), v.repeat_interleave(HQ // v.shape[1], 1)
+        return varlen(q, k, v, cu_q, cu_k, max_q, max_k, scale=D**-0.5, **causal)
+
+    for kv_heads in (HKV, HQ):
+        for keys_extra in (0, 128):  # 128: a shared prompt's keys before each segment's queries
+            tq, tk = T - keys_extra, T
+            q = torch.randn(S * tq, HQ, D, device=dev, dtype=dt, requires_grad=True)
+            k = torch.randn(S * tk, kv_heads, D, device=dev, dtype=dt, requires_grad=True)
+            v = torch.randn(S * tk, kv_heads, D, device=dev, dtype=dt, requires_grad=True)
+            cu_q = torch.arange(0, (S + 1) * tq, tq, device=dev, dtype=torch.int32)
+            cu_k = torch.arange(0, (S + 1) * tk, tk, device=dev, dtype=torch.int32)
+            name = f"cudnn ragged, {kv_heads} K/V heads, {tq} queries / {tk} keys"
+            try:
+                ref = flash(q, k, v, cu_q, cu_k, tq, tk)
+                grad = torch.randn_like(ref)
+                ref_grads = torch.autograd.grad(ref, (q, k, v), grad)
+                out = cudnn(q, k, v, cu_q, cu_k, tq, tk)
+                grads = torch.autograd.grad(out, (q, k, v), grad)
+            except Exception as error:
+                print(f"  {name}: {type(error).__name__}: {str(error)[:300]}", flush=True)
+                continue
+            diffs = [(out - ref).abs().max().item()] + [
+                (a - b).abs().max().item() for a, b in zip(grads, ref_grads, strict=True)
+            ]
+            print(f"  {name}: max |diff| vs flash (out, dq, dk, dv) {diffs}", flush=True)
+            results[name + " diffs"] = diffs
+            report(
+                name,
+                fwd_bwd(lambda a, b, c: cudnn(a, b, c, cu_q, cu_k, tq, tk), q, k, v),  # noqa: B023
+            )
+            report(
+                "flash varlen, " + name[len("cudnn ragged, ") :],
+                fwd_bwd(lambda a, b, c: flash(a, b, c, cu_q, cu_k, tq, tk), q, k, v),  # noqa: B023
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--segments", type=int, default=19)
     parser.add_argument("--length", type=int, default=640)
+    parser.add_argument("--ragged-only", action="store_true", help="only the cuDNN packed part")
     parser.add_argument("--out", default=os.environ.get("OUT", "bench-out"))
     args = parser.parse_args()
     S, T = args.segments, args.length
@@ -67,6 +118,9 @@ def main() -> None:
         results[name] = {"ms": ms, "tflops": tflops}
         print(f"  {name:40s} {ms * 1e3:8.1f} us fwd+bwd  {tflops:6.1f} TFLOP/s", flush=True)
 
+    if args.ragged_only:
+        ragged(S, T, results, report)
+        return
     q = torch.randn(S * T, HQ, D, device=dev, dtype=dt, requires_grad=True)
     k = torch.randn(S * T, HKV, D, device=dev, dtype=dt, requires_grad=True)
     v = torch.randn(S * T, HKV, D, device=dev, dtype=dt, requires_grad=True)
@@ -116,6 +170,7 @@ def main() -> None:
 
         report(f"sdpa {backend.name}, shared K/V heads", fwd_bwd(shared, qb, kb, vb))
         report(f"sdpa {backend.name}, repeated K/V heads", fwd_bwd(repeated, qb, kb, vb))
+    ragged(S, T, results, report)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "train_attention.json").write_text(json.dumps(results, indent=1))
 
