@@ -8,6 +8,9 @@ over 2 K/V heads of 64, bf16: forward and backward of torch's packed flash kerne
 laid out as [segments, heads, length, 64] with each backend torch has (flash, cuDNN, memory
 efficient), K/V heads shared (enable_gqa) or repeated. Each timed as the median of CUDA-event
 replays of one CUDA graph, with the FLOP rate of causal attention (forward 2 products, backward 5).
+Then (alone with --ragged-only) cuDNN's packed form against the packed flash kernel: values and
+gradients on the same rows, and times. Session 23 (H200): dense cuDNN with shared K/V heads 1.71x
+the packed flash kernel; the packed cuDNN form's gradients were wrong (bench/RESULTS.md).
 """
 
 from __future__ import annotations
