@@ -177,3 +177,18 @@ def test_released_pool_comes_back_for_the_next_generate(models, tokenizer, num_b
     assert engine.totals["gen_engine_s"] > engine.totals["gen_restore_s"]  # all of generate
     assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in first]
     SimpleEngine(model, tokenizer).release_memory()  # the protocol's no-op
+
+
+def test_the_peak_without_prefills_in_the_mempool_walks_back_through_each(micro_dir, tokenizer):
+    """`peak_outside_prefills`: each prefill run in a shared mempool that raised the allocator's
+    peak recorded (raised to, before); the peak read back walks those records to the last peak
+    no such prefill set, any later peak of other work stands, and the records are forgotten."""
+    model = build_model("qwen2", micro_dir, tokenizer)
+    runner = PagedEngine(model, tokenizer, block_size=4, num_blocks=64).runner
+    assert runner.peak_outside_prefills(123) == 123  # no prefill in a mempool: as it was
+    runner._prefill_peaks.update({900: 700, 700: 500})  # two prefills, each a new peak
+    assert runner.peak_outside_prefills(900) == 500
+    assert runner.peak_outside_prefills(900) == 900  # forgotten after a read
+    runner._prefill_peaks.update({900: 700})
+    assert runner.peak_outside_prefills(950) == 950  # later work peaked higher: it stands
+    assert runner.logits_area is None and runner.kv_bytes_in_mempool == 0  # (no mempool here)
