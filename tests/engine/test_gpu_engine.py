@@ -262,12 +262,14 @@ def test_a_prefill_that_runs_out_of_memory_in_the_mempool_runs_again(micro_dir, 
             raise torch.OutOfMemoryError("CUDA out of memory (a test)")
         return torch.ones(4, 8, device=CUDA)
 
-    out = runner._in_mempool(prefill)
+    out = runner.prefills.run(runner.kv_mempool, CUDA, prefill)
     assert len(calls) == 2 and all(s == calls[0] for s in calls)  # both on the capture stream
     assert calls[0] != torch.cuda.current_stream()
     assert out.sum().item() == 32
     with pytest.raises(torch.OutOfMemoryError):  # twice: the error stands
-        runner._in_mempool(lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("again")))
+        runner.prefills.run(
+            runner.kv_mempool, CUDA, lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("again"))
+        )
 
 
 def test_a_capture_leaves_no_blas_workspace_in_its_pool():

@@ -186,9 +186,9 @@ def test_the_peak_without_prefills_in_the_mempool_walks_back_through_each(micro_
     model = build_model("qwen2", micro_dir, tokenizer)
     runner = PagedEngine(model, tokenizer, block_size=4, num_blocks=64).runner
     assert runner.peak_outside_prefills(123) == 123  # no prefill in a mempool: as it was
-    runner._prefill_peaks.update({900: 700, 700: 500})  # two prefills, each a new peak
+    runner.prefills.peaks.update({900: 700, 700: 500})  # two prefills, each a new peak
     assert runner.peak_outside_prefills(900) == 500
     assert runner.peak_outside_prefills(900) == 900  # forgotten after a read
-    runner._prefill_peaks.update({900: 700})
+    runner.prefills.peaks.update({900: 700})
     assert runner.peak_outside_prefills(950) == 950  # later work peaked higher: it stands
     assert runner.logits_area is None and runner.kv_bytes_in_mempool == 0  # (no mempool here)

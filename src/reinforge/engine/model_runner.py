@@ -12,7 +12,6 @@ returns a `LaunchedStep` to wait on, so the engine can queue the next decode fir
 
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -31,7 +30,6 @@ from reinforge.engine.cuda_graphs import (
     NUM_ROW_FIELDS,
     POSITIONS,
     SLOTS,
-    capture_stream,
     decode_rows,
 )
 from reinforge.engine.lora_forward import causal_lm, prepare_adapters
@@ -41,6 +39,7 @@ from reinforge.engine.qwen_forward import TORCH_OPS, ForwardOps, ModelShape, for
 from reinforge.engine.sampling import row_uniform, sample_keyed
 from reinforge.engine.scheduler import Batch
 from reinforge.engine.sequence import Sequence, num_blocks_for
+from reinforge.engine.shared_mempool import MempoolPrefills, pool_block
 
 if TYPE_CHECKING:
     from reinforge.engine.cuda_graphs import DecodeGraphs
@@ -130,9 +129,7 @@ class ModelRunner:
         # block: released and restored with it, at the same address); None: the graphs keep their
         # own buffer
         self.logits_area: torch.Tensor | None = None
-        # the allocator's peaks that a prefill run in the shared mempool set, each mapped to the
-        # peak before it (`peak_outside_prefills`)
-        self._prefill_peaks: dict[int, int] = {}
+        self.prefills = MempoolPrefills()  # prefills run in the shared mempool, their peaks
         self.kv_cache: torch.Tensor | None = self._new_pool(num_blocks)
         self._num_blocks = num_blocks
         self.max_num_seqs = max_num_seqs
@@ -155,18 +152,11 @@ class ModelRunner:
         shape = (s.num_layers, 2, num_blocks, self.block_size, s.num_kv_heads, s.head_dim)
         if self.kv_mempool is None:
             return torch.zeros(shape, dtype=self.dtype, device=self.device)
-        # allocated on the capture stream: the allocator reuses a freed block only on the
-        # stream it came from, and the update's capture runs there (zeroed on this stream,
-        # after whatever last used the memory)
-        # The decode graphs' logits rows come after the pages in the same block: a separate
-        # buffer of its own would stay allocated through the update (G1: 78 MB at 256 rows)
-        kv_numel = math.prod(shape)
-        rows, vocab = self._logits_area_shape()
-        with torch.cuda.stream(capture_stream()), torch.cuda.use_mem_pool(self.kv_mempool):
-            block = torch.empty(kv_numel + rows * vocab, dtype=self.dtype, device=self.device)
-        block.zero_()
-        self.logits_area = block[kv_numel:].view(rows, vocab) if rows else None
-        return block[:kv_numel].view(shape)
+        # the decode graphs' logits rows in the same block (`shared_mempool.pool_block`)
+        pool, self.logits_area = pool_block(
+            shape, self._logits_area_shape(), self.dtype, self.device, self.kv_mempool
+        )
+        return pool
 
     def _logits_area_shape(self) -> tuple[int, int]:
         """(rows, vocab) of the decode graphs' logits buffer kept in the shared mempool."""
@@ -199,13 +189,8 @@ class ModelRunner:
 
     def peak_outside_prefills(self, peak: int) -> int:
         """`peak` (the allocator's `max_memory_allocated`) without what prefills run in the
-        shared mempool allocated there: that memory is the mempool's, counted with its reserved
-        bytes (`graphs.held_bytes`), and nothing else was allocated during those prefills.
-        Forgets the prefills' peaks (call it where the allocator's peak is reset)."""
-        while peak in self._prefill_peaks:
-            peak = self._prefill_peaks[peak]
-        self._prefill_peaks.clear()
-        return peak
+        shared mempool allocated there (`MempoolPrefills.peak_outside`)."""
+        return self.prefills.peak_outside(peak)
 
     @property
     def num_blocks(self) -> int:
@@ -364,34 +349,9 @@ class ModelRunner:
             self.rope,
             routes_out=self.last_routes,
         )
-        if batch.is_prefill and self.kv_mempool is not None:
-            return self._in_mempool(run)
+        if batch.is_prefill and self.kv_mempool is not None:  # the update's free memory
+            return self.prefills.run(self.kv_mempool, self.device, run)
         return run()
-
-    def _in_mempool(self, run) -> torch.Tensor:
-        """A prefill's activations in the shared mempool, where the update's memory is free
-        while the engine generates (G1: ~0.7 GiB beside the KV pool), not beside it: on the
-        capture stream, whose blocks the mempool's are. The peak it sets there is recorded so
-        the step's peak does not count it twice (`peak_outside_prefills`)."""
-        before = torch.cuda.max_memory_allocated(self.device)
-        stream, current = capture_stream(), torch.cuda.current_stream()
-        stream.wait_stream(current)
-        try:
-            with torch.cuda.stream(stream), torch.cuda.use_mem_pool(self.kv_mempool):
-                logits = run()
-        except torch.OutOfMemoryError:
-            # the mempool grows only from memory no pool caches: hand back the default pool's
-            # cached blocks and run it again (a prefill only rewrites the same K/V)
-            torch.cuda.synchronize(self.device)
-            torch.cuda.empty_cache()
-            with torch.cuda.stream(stream), torch.cuda.use_mem_pool(self.kv_mempool):
-                logits = run()
-        current.wait_stream(stream)
-        logits.record_stream(current)  # (read on this stream: its block waits for that)
-        after = torch.cuda.max_memory_allocated(self.device)
-        if after > before:
-            self._prefill_peaks[after] = before
-        return logits
 
     @torch.inference_mode()
     def sample(
