@@ -8,6 +8,9 @@ and a split-K Triton product over tile sizes and split counts (the partial sums 
 with atomics, then cast), each against the shape's floor: max(bytes / measured bandwidth, FLOPs /
 measured peak). A small-N product at 256 rows has few output tiles (down at N = 896: 14 tiles of
 128 x 128 on 132 SMs), so cuBLAS may run it at latency speed; splitting K puts more SMs on it.
+Two more candidates per shape (session 24): cuBLASLt (`torch.backends.cuda.preferred_blas_library`),
+whose heuristics choose among other kernels than cuBLAS's, and Inductor's autotuned Triton
+product (`torch.compile(mode="max-autotune-no-cudagraphs")`, static shape).
 """
 
 from __future__ import annotations
@@ -100,6 +103,34 @@ CONFIGS = [  # (BM, BN, BK, warps, stages)
 SPLITS = (1, 2, 4, 8)
 
 
+def other_libraries(x, w, ref) -> tuple[float, float]:
+    """(cuBLASLt us, Inductor's autotuned product us) for `x @ w.T`; NaN where one fails or
+    differs from `ref` by more than bf16 rounding."""
+    out = []
+    lib = torch.backends.cuda.preferred_blas_library()
+    try:
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        fn = lambda: torch.nn.functional.linear(x, w)  # noqa: E731
+        ok = (fn().float() - ref.float()).abs().max().item() < 0.1
+        out.append(graph_ms(fn) * 1e3 if ok else float("nan"))
+    except Exception as error:
+        print(f"  cuBLASLt: {error!r:.100}")
+        out.append(float("nan"))
+    finally:
+        torch.backends.cuda.preferred_blas_library(lib)
+    try:
+        compiled = torch.compile(
+            torch.nn.functional.linear, mode="max-autotune-no-cudagraphs", dynamic=False
+        )
+        fn = lambda: compiled(x, w)  # noqa: E731
+        ok = (fn().float() - ref.float()).abs().max().item() < 0.1
+        out.append(graph_ms(fn) * 1e3 if ok else float("nan"))
+    except Exception as error:
+        print(f"  Inductor: {error!r:.100}")
+        out.append(float("nan"))
+    return out[0], out[1]
+
+
 def decode_shapes(cfg: dict) -> dict[str, tuple[int, int]]:
     h = cfg["hidden_size"]
     heads = cfg["num_attention_heads"]
@@ -135,6 +166,7 @@ def main() -> None:
             ref = torch.nn.functional.linear(x, w)
             floor_us = max((N * K + M * K + M * N) * 2 / bw, 2 * M * N * K / peak) * 1e6
             cublas_us = graph_ms(lambda: torch.nn.functional.linear(x, w)) * 1e3  # noqa: B023
+            lt_us, inductor_us = other_libraries(x, w, ref)
             scratch = torch.empty(M, N, device="cuda", dtype=torch.float32)
             rows = []
             for bm, bn, bk, warps, stages in CONFIGS:
@@ -157,7 +189,8 @@ def main() -> None:
             total["floor"] += n * floor_us
             print(
                 f"M={M} {name:8s} N={N:6d} K={K:5d}: floor {floor_us:6.1f} us, cuBLAS "
-                f"{cublas_us:6.1f} us ({floor_us / cublas_us:4.0%} of floor), split-K best "
+                f"{cublas_us:6.1f} us ({floor_us / cublas_us:4.0%} of floor), cuBLASLt "
+                f"{lt_us:6.1f} us, Inductor {inductor_us:6.1f} us, split-K best "
                 f"{best[0]:6.1f} us {best[1:7]} max err {best[7]:.3g}; top 4: "
                 + ", ".join(f"{r[0]:.1f}{r[1:7]}" for r in rows[:4]),
                 flush=True,
@@ -165,6 +198,7 @@ def main() -> None:
             results.append(
                 dict(
                     rows=M, name=name, N=N, K=K, floor_us=floor_us, cublas_us=cublas_us,
+                    cublaslt_us=lt_us, inductor_us=inductor_us,
                     best_us=best[0], best=best[1:7], best_err=best[7],
                 )
             )  # fmt: skip
