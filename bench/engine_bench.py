@@ -163,6 +163,7 @@ def run_reinforge(
     profile: bool,
     lora_generation: str = "auto",
     record_routes: bool = False,
+    profile_tokens: int = 33,
 ) -> dict:
     tokenizer = NullTokenizer(config.eos_token_id)
     num_seqs = w.num_prompts * w.n
@@ -219,7 +220,7 @@ def run_reinforge(
     log(f"  reinforge: {num_tokens} tokens in {seconds:.2f}s = {num_tokens / seconds:,.0f} tok/s")
     log(f"  decode step host phases (ms): {result['decode_step_ms']}")
     if profile:
-        result["profile"] = profile_decode(engine, prompts, params)
+        result["profile"] = profile_decode(engine, prompts, params, profile_tokens)
     del engine, outputs
     gc.collect()
     torch.cuda.empty_cache()
@@ -264,10 +265,12 @@ def kernel_times(engine, prompts, params) -> tuple[dict[str, float], dict[str, t
     return totals, kernels, engine.stats.extra["num_decode_steps"]
 
 
-def profile_decode(engine, prompts, params) -> dict:
+def profile_decode(engine, prompts, params, tokens: int = 33) -> dict:
     """Device time per decode step by kernel class and by kernel (the top ones, with their calls
     per step and time per call): the decode is run eagerly (no graph) under torch.profiler twice,
-    with 1 and with 33 new tokens, and the difference taken (it removes the prefill)."""
+    with 1 and with `tokens` new tokens, and the difference taken (it removes the prefill). With
+    33 the steps attend to ~150 keys (E1); with the workload's own length + 1, the mean over
+    the whole generation, where attention's share is larger."""
     graphs = engine.runner.graphs
     engine.runner.graphs = None
     try:
@@ -275,7 +278,7 @@ def profile_decode(engine, prompts, params) -> dict:
             engine, prompts, SamplingParams(**{**params.__dict__, "max_new_tokens": 1})
         )
         long, long_k, steps = kernel_times(
-            engine, prompts, SamplingParams(**{**params.__dict__, "max_new_tokens": 33})
+            engine, prompts, SamplingParams(**{**params.__dict__, "max_new_tokens": tokens})
         )
     finally:
         engine.runner.graphs = graphs
@@ -490,7 +493,9 @@ def run_workload(name: str, args, bw: float, flops: float) -> dict:
         unfused = run_reinforge(model, config, w, prompts, False)
     # as the trainer loads a model (`load_model`): q/k/v and gate/up back to back
     log(f"  fused projection groups: {fuse_projections(model)}")
-    ours = run_reinforge(model, config, w, prompts, args.profile)
+    ours = run_reinforge(
+        model, config, w, prompts, args.profile, profile_tokens=args.profile_tokens
+    )
     if unfused is not None:
         ours["unfused"] = unfused
         ours["fused_speedup"] = ours["tokens_per_s"] / unfused["tokens_per_s"]
@@ -558,6 +563,12 @@ def main() -> None:
     parser.add_argument("--hf-new-tokens", type=int, help="HF: time this many new tokens")
     parser.add_argument("--hf-batches", type=int, help="HF: time this many batches of 256")
     parser.add_argument("--profile", action="store_true", help="device time by kernel class")
+    parser.add_argument(
+        "--profile-tokens",
+        type=int,
+        default=33,
+        help="new tokens of the profiled decode (the workload's + 1: its whole generation)",
+    )
     parser.add_argument("--kernels", action="store_true", help="decode kernel / sampler bench")
     parser.add_argument(
         "--lora",
