@@ -175,6 +175,69 @@ def test_rope_write_kv_matches_torch(dtype):
 
 @runs_here
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_dim,block_size", [(14, 2, 64, 16), (4, 4, 32, 4)]
+)
+@pytest.mark.parametrize("num_splits", [1, 3, None])
+def test_paged_decode_rope_matches_the_two_kernels(
+    num_heads, num_kv_heads, head_dim, block_size, num_splits, dtype
+):
+    """RoPE, the new K/V's write and attention in one kernel: the same output as
+    `rope_write_kv` then `paged_decode` (the new key read from registers, not the pool), the
+    same pool afterwards (nothing written for slot -1), and q / k left unrotated."""
+    generator = torch.Generator().manual_seed(head_dim + (num_splits or 0))
+    lengths = [1, block_size, block_size + 1, 5 * block_size + 3, 40]
+    B, D = len(lengths), head_dim
+    k_cache, v_cache, tables = random_pool(
+        lengths, num_kv_heads, head_dim, block_size, dtype, generator
+    )
+    # each sequence's new token goes to its last position; the second one's is not written
+    slots = [int(tables[i, (n - 1) // block_size]) * block_size + (n - 1) % block_size
+             for i, n in enumerate(lengths)]  # fmt: skip
+    slots[1] = -1
+    qkv = torch.randn(B, (num_heads + 2 * num_kv_heads) * D, generator=generator).to(dtype)
+    q, k, v = qkv.split([num_heads * D, num_kv_heads * D, num_kv_heads * D], dim=-1)
+    q, k, v = q.view(B, num_heads, D), k.view(B, num_kv_heads, D), v.view(B, num_kv_heads, D)
+    angles = torch.rand(B, D // 2, generator=generator) * 6
+    cos = torch.cat([angles.cos(), angles.cos()], -1).to(dtype)
+    sin = torch.cat([angles.sin(), angles.sin()], -1).to(dtype)
+    args = dict(device=DEVICE)
+    lens = torch.tensor(lengths, **args)
+    slots_t = torch.tensor(slots, **args)
+
+    ref_q, ref_k, ref_v = (x.clone().to(DEVICE) for x in (q, k, v))
+    ref_k_cache, ref_v_cache = k_cache.clone().to(DEVICE), v_cache.clone().to(DEVICE)
+    pos_k = ref_k_cache.clone()  # where the skipped token's key must still be read from
+    triton_attention.rope_write_kv(
+        ref_q, ref_k, ref_v, cos.to(DEVICE), sin.to(DEVICE), ref_k_cache, ref_v_cache, slots_t
+    )
+    # the unwritten token: the two-kernel path reads whatever the pool holds there, the fused
+    # one its new key; give the reference the new key too, then put the pool back
+    n1 = lengths[1] - 1
+    page = int(tables[1, n1 // block_size])
+    ref_k_cache[page, n1 % block_size] = ref_k[1]
+    ref_v_cache[page, n1 % block_size] = ref_v[1]
+    expected = triton_attention.paged_decode(
+        ref_q, ref_k_cache, ref_v_cache, tables.to(DEVICE), lens, D**-0.5, num_splits
+    )
+    ref_k_cache[page, n1 % block_size] = pos_k[page, n1 % block_size]
+    ref_v_cache[page, n1 % block_size] = v_cache.to(DEVICE)[page, n1 % block_size]
+
+    got_q, got_k, got_v = q.to(DEVICE), k.to(DEVICE), v.to(DEVICE)
+    got_k_cache, got_v_cache = k_cache.clone().to(DEVICE), v_cache.clone().to(DEVICE)
+    got = triton_attention.paged_decode_rope(
+        got_q, got_k, got_v, cos.to(DEVICE), sin.to(DEVICE), got_k_cache, got_v_cache,
+        tables.to(DEVICE), lens, slots_t, D**-0.5, num_splits,
+    )  # fmt: skip
+    assert got.shape == q.shape and got.dtype == dtype and not got.isnan().any()
+    assert rel_error(got, expected) < tolerance(dtype)
+    assert torch.equal(got_k_cache.cpu(), ref_k_cache.cpu())
+    assert torch.equal(got_v_cache.cpu(), ref_v_cache.cpu())
+    assert torch.equal(got_q.cpu(), q) and torch.equal(got_k.cpu(), k)  # not rotated in place
+
+
+@runs_here
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_delta", [False, True])
 def test_add_rms_norm_and_silu_mul_match_torch(dtype, with_delta):
     generator = torch.Generator().manual_seed(2)
@@ -318,9 +381,24 @@ def test_engine_on_the_triton_path_matches_hf_greedy(models, tokenizer, monkeypa
     )
     monkeypatch.setattr(model_runner, "select_attention_backend", lambda device: BACKEND)
     monkeypatch.setattr(model_runner, "select_ops", lambda device: fused)
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from .conftest import scramble
+
+    # heads of 32: the decode step's RoPE, K/V write and attention run as one kernel
+    # (`paged_decode_rope`); the shared models' heads of 16 take the two-kernel path
+    torch.manual_seed(3)
+    wide = Qwen3Config(
+        vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    wide_model = scramble(Qwen3ForCausalLM(wide), 3)
+    wide_model.generation_config.eos_token_id = tokenizer.eos_token_id
+    wide_model.generation_config.pad_token_id = tokenizer.pad_token_id
     prompts = [[5, 6, 7], list(range(20, 37))]
-    for family in ("qwen2", "qwen3"):
-        model = models[family].to(DEVICE)
+    for model in (models["qwen2"], models["qwen3"], wide_model):
+        model = model.to(DEVICE)
         engine = PagedEngine(model, tokenizer, block_size=4, num_blocks=64, use_cuda_graphs=False)
         assert engine.runner.is_fast_path
         outputs = engine.generate(prompts, SamplingParams(max_new_tokens=6, temperature=0.0, n=2))

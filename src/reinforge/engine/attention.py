@@ -40,6 +40,9 @@ class AttentionBackend:
     # (q, k, v, cos, sin, k_cache, v_cache, slot_mapping) -> (q, k): RoPE and the K/V write in one
     # pass; when None the model code applies RoPE itself and calls `write_kv`
     rope_write_kv: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+    # (q, k, v, cos, sin, k_cache, v_cache, meta, scale) -> attention output: a decode step's
+    # RoPE, K/V write and attention in one pass; when None, decode goes through the two above
+    decode_rope: Callable[..., torch.Tensor] | None = None
 
 
 def write_kv_index_copy(

@@ -170,6 +170,9 @@ def attention_block(
         q = rms_norm(q, attn.q_norm.weight, shape.rms_norm_eps)
         k = rms_norm(k, attn.k_norm.weight, shape.rms_norm_eps)
     k_cache, v_cache = kv_cache[0], kv_cache[1]
+    if not meta.is_prefill and backend.decode_rope is not None:
+        o = backend.decode_rope(q, k, v, cos_TD, sin_TD, k_cache, v_cache, meta, shape.scale)
+        return linear(o.reshape(T, shape.num_heads * shape.head_dim), attn.o_proj)
     if backend.rope_write_kv is not None:
         q, k = backend.rope_write_kv(q, k, v, cos_TD, sin_TD, k_cache, v_cache, meta.slot_mapping)
     else:

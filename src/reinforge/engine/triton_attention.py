@@ -68,6 +68,19 @@ def _paged_decode_kernel(
     stride_tb,
     stride_ob,
     stride_oh,
+    # ROPE only: this step's q, k, v before RoPE (q_ptr then holds them too), the rotation's
+    # cos / sin rows [B, D] and the new token's flat slot (-1: not written)
+    k_new_ptr,
+    v_new_ptr,
+    cos_ptr,
+    sin_ptr,
+    slots_ptr,
+    stride_knb,
+    stride_knh,
+    stride_vnb,
+    stride_vnh,
+    stride_cb,
+    stride_sb,
     NUM_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -77,6 +90,8 @@ def _paged_decode_kernel(
     TILE: tl.constexpr,
     SPLIT: tl.constexpr,  # num_splits > 1: write partial results for `_combine_splits_kernel`
     DOT_PRECISION: tl.constexpr,  # "ieee" for float32 models: no tf32 rounding
+    ROPE: tl.constexpr,  # rotate q and the new k here, write the new K/V (`paged_decode_rope`)
+    HALF: tl.constexpr,  # HEAD_DIM // 2 (ROPE: DIM_PAD == 2 * HALF)
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -93,14 +108,59 @@ def _paged_decode_kernel(
     heads = kv_head * GROUP + offs_g
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
-    q = tl.load(
-        q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-        mask=g_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
-    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l = tl.zeros([GROUP_PAD], tl.float32)  # noqa: E741
-    acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
+    if ROPE:
+        # RoPE (rotate-half) in registers, rounded to the cache's dtype as the two-kernel path
+        # rounds it; the new token's key enters the softmax from registers (it starts the split
+        # that holds the last position) and is written to the pool for the later steps
+        offs_h = tl.arange(0, HALF)
+        cos1 = tl.load(cos_ptr + b * stride_cb + offs_h).to(tl.float32)
+        cos2 = tl.load(cos_ptr + b * stride_cb + HALF + offs_h).to(tl.float32)
+        sin1 = tl.load(sin_ptr + b * stride_sb + offs_h).to(tl.float32)
+        sin2 = tl.load(sin_ptr + b * stride_sb + HALF + offs_h).to(tl.float32)
+        q_half = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_h[None, :]
+        x1 = tl.load(q_half, mask=g_mask[:, None], other=0.0).to(tl.float32)
+        x2 = tl.load(q_half + HALF, mask=g_mask[:, None], other=0.0).to(tl.float32)
+        q1 = (x1 * cos1[None, :] - x2 * sin1[None, :]).to(q_ptr.dtype.element_ty)
+        q2 = (x2 * cos2[None, :] + x1 * sin2[None, :]).to(q_ptr.dtype.element_ty)
+        q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (GROUP_PAD, DIM_PAD))
+        k_row = k_new_ptr + b * stride_knb + kv_head * stride_knh
+        y1 = tl.load(k_row + offs_h).to(tl.float32)
+        y2 = tl.load(k_row + HALF + offs_h).to(tl.float32)
+        k1 = (y1 * cos1 - y2 * sin1).to(k_ptr.dtype.element_ty)
+        k2 = (y2 * cos2 + y1 * sin2).to(k_ptr.dtype.element_ty)
+        v_row = v_new_ptr + b * stride_vnb + kv_head * stride_vnh
+        v1 = tl.load(v_row + offs_h).to(v_ptr.dtype.element_ty)
+        v2 = tl.load(v_row + HALF + offs_h).to(v_ptr.dtype.element_ty)
+        last = context_len - 1
+        owner = (last >= tok_start) & (last < tok_end)
+        slot = tl.load(slots_ptr + b).to(tl.int64)
+        if owner & (slot >= 0):
+            page = slot // BLOCK_SIZE
+            in_page = slot % BLOCK_SIZE
+            k_dst = k_ptr + page * stride_kp + in_page * stride_kt + kv_head * stride_kh
+            tl.store(k_dst + offs_h, k1)
+            tl.store(k_dst + HALF + offs_h, k2)
+            v_dst = v_ptr + page * stride_vp + in_page * stride_vt + kv_head * stride_vh
+            tl.store(v_dst + offs_h, v1)
+            tl.store(v_dst + HALF + offs_h, v2)
+        k_new = tl.reshape(tl.permute(tl.join(k1, k2), (1, 0)), (DIM_PAD,)).to(tl.float32)
+        v_new = tl.reshape(tl.permute(tl.join(v1, v2), (1, 0)), (DIM_PAD,)).to(tl.float32)
+        s_new = tl.sum(q.to(tl.float32) * k_new[None, :], 1) * scale_log2
+        m = tl.where(owner, s_new, float("-inf"))
+        l = tl.where(owner, 1.0, 0.0) + tl.zeros([GROUP_PAD], tl.float32)  # noqa: E741
+        acc = tl.where(owner, 1.0, 0.0) * v_new[None, :] + tl.zeros(
+            [GROUP_PAD, DIM_PAD], tl.float32
+        )
+        tok_end = tl.minimum(tok_end, last)  # the pool's keys: all but the new one
+    else:
+        q = tl.load(
+            q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+            mask=g_mask[:, None] & d_mask[None, :],
+            other=0.0,
+        )
+        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+        l = tl.zeros([GROUP_PAD], tl.float32)  # noqa: E741
+        acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
     table_row = tables_ptr + b * stride_tb
     for start in range(tok_start, tok_end, TILE):
         tok = start + offs_t
@@ -213,6 +273,47 @@ def paged_decode(
     num_splits: int | None = None,
 ) -> torch.Tensor:
     """Attention of one query per sequence over its pages; returns [B, H, D] in q's dtype."""
+    return _decode(q_BHD, k_cache, v_cache, block_tables_BP, context_lens_B, scale, num_splits)
+
+
+def rope_fits(head_dim: int) -> bool:
+    """`paged_decode_rope` keeps both halves of a head in registers: a power of two >= 32."""
+    return head_dim >= 32 and head_dim & (head_dim - 1) == 0
+
+
+def paged_decode_rope(
+    q_BHD: torch.Tensor,  # before RoPE
+    k_BKD: torch.Tensor,  # this step's keys, before RoPE
+    v_BKD: torch.Tensor,
+    cos_BD: torch.Tensor,
+    sin_BD: torch.Tensor,
+    k_cache: torch.Tensor,  # [pages, block_size, K, D]
+    v_cache: torch.Tensor,
+    block_tables_BP: torch.Tensor,
+    context_lens_B: torch.Tensor,
+    slots_B: torch.Tensor,  # each new token's flat pool slot (-1: not written)
+    scale: float,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """`rope_write_kv` and `paged_decode` in one kernel: RoPE on q and the new k in registers,
+    the new K/V written to the pool, attention over the pool's keys plus the new one (one launch
+    a layer fewer; q and k are left as they came). Heads whose size `rope_fits` does not take
+    run the two kernels."""
+    D = q_BHD.shape[-1]
+    if not rope_fits(D):
+        rope_write_kv(q_BHD, k_BKD, v_BKD, cos_BD, sin_BD, k_cache, v_cache, slots_B)
+        return paged_decode(
+            q_BHD, k_cache, v_cache, block_tables_BP, context_lens_B, scale, num_splits
+        )
+    assert k_BKD.stride(-1) == v_BKD.stride(-1) == cos_BD.stride(-1) == sin_BD.stride(-1) == 1
+    assert k_cache.is_contiguous() and v_cache.is_contiguous()
+    rope = (k_BKD, v_BKD, cos_BD, sin_BD, slots_B)
+    return _decode(
+        q_BHD, k_cache, v_cache, block_tables_BP, context_lens_B, scale, num_splits, rope
+    )
+
+
+def _decode(q_BHD, k_cache, v_cache, block_tables_BP, context_lens_B, scale, num_splits, rope=None):
     B, H, D = q_BHD.shape
     _, block_size, K, Dk = k_cache.shape
     assert Dk == D and H % K == 0 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
@@ -221,12 +322,21 @@ def paged_decode(
     if num_splits is None:
         num_splits = num_decode_splits(B, K, q_BHD.device)
     assert 1 <= num_splits <= MAX_SPLITS
-    out = torch.empty_like(q_BHD)
+    out = torch.empty((B, H, D), dtype=q_BHD.dtype, device=q_BHD.device)
     if num_splits > 1:
         part_out = torch.empty((B, H, num_splits, D), dtype=torch.float32, device=q_BHD.device)
         part_lse = torch.empty((B, H, num_splits), dtype=torch.float32, device=q_BHD.device)
     else:
         part_out = part_lse = out  # unused
+    if rope is None:  # the ROPE arguments are not read: any tensor, stride 0
+        k_new = v_new = cos = sin = slots = context_lens_B
+        rope_strides = (0,) * 6
+    else:
+        k_new, v_new, cos, sin, slots = rope
+        rope_strides = (
+            k_new.stride(0), k_new.stride(1), v_new.stride(0), v_new.stride(1),
+            cos.stride(0), sin.stride(0),
+        )  # fmt: skip
     cfg = DECODE_CONFIG
     _paged_decode_kernel[(B, K, num_splits)](
         q_BHD,
@@ -250,6 +360,12 @@ def paged_decode(
         block_tables_BP.stride(0),
         out.stride(0),
         out.stride(1),
+        k_new,
+        v_new,
+        cos,
+        sin,
+        slots,
+        *rope_strides,
         NUM_HEADS=H,
         GROUP=group,
         GROUP_PAD=max(16, triton.next_power_of_2(group)),
@@ -259,6 +375,8 @@ def paged_decode(
         TILE=max(16, cfg["tile"]),
         SPLIT=num_splits > 1,
         DOT_PRECISION="ieee" if q_BHD.dtype == torch.float32 else "tf32",
+        ROPE=rope is not None,
+        HALF=D // 2,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
@@ -457,10 +575,18 @@ def decode_triton(q_BHD, k_cache, v_cache, meta: AttentionMetadata, scale: float
     return paged_decode(q_BHD, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
 
 
+def decode_rope_triton(q, k, v, cos, sin, k_cache, v_cache, meta: AttentionMetadata, scale):
+    return paged_decode_rope(
+        q, k, v, cos, sin, k_cache, v_cache, meta.block_tables, meta.context_lens,
+        meta.slot_mapping, scale,
+    )  # fmt: skip
+
+
 TRITON_BACKEND = AttentionBackend(
     name="triton-paged",
     write_kv=write_kv_index_copy,
     prefill=prefill_varlen,
     decode=decode_triton,
     rope_write_kv=rope_write_kv,
+    decode_rope=decode_rope_triton,
 )
