@@ -407,6 +407,29 @@ def bench_decode_kernel(name: str, B: int, H: int, K: int, D: int, ctx: int) -> 
     rows.sort()
     best = rows[0]
     tb_s = lambda ms: kv_bytes / (ms / 1e3) / 1e12  # noqa: E731
+    # the step's RoPE + K/V write, then attention (two kernels) against `paged_decode_rope`
+    k_new = torch.randn(B, K, D, device="cuda", dtype=torch.bfloat16)
+    v_new = torch.randn_like(k_new)
+    angles = torch.rand(B, D // 2, device="cuda") * 6
+    cos = torch.cat([angles.cos(), angles.cos()], -1).bfloat16()
+    sin = torch.cat([angles.sin(), angles.sin()], -1).bfloat16()
+    slots = (tables[:, -1].long() * bs + bs - 1).contiguous()
+
+    def two_kernels():
+        ta.rope_write_kv(q, k_new, v_new, cos, sin, k_cache, v_cache, slots)
+        return ta.paged_decode(q, k_cache, v_cache, tables, lens, D**-0.5)
+
+    ms_two = graph_ms(two_kernels)
+    ms_one = graph_ms(
+        functools.partial(
+            ta.paged_decode_rope, q, k_new, v_new, cos, sin, k_cache, v_cache, tables, lens,
+            slots, D**-0.5,
+        )
+    )  # fmt: skip
+    log(
+        f"  decode kernel {name}: RoPE + K/V write + attention as two kernels {ms_two * 1e3:.1f} "
+        f"us, as one (paged_decode_rope) {ms_one * 1e3:.1f} us"
+    )
     log(
         f"  decode kernel {name} {dict(B=B, H=H, K=K, D=D, ctx=ctx)}: default "
         f"({default_splits} splits) {ms_default * 1e3:.1f} us ({tb_s(ms_default):.2f} TB/s); best "
@@ -421,6 +444,8 @@ def bench_decode_kernel(name: str, B: int, H: int, K: int, D: int, ctx: int) -> 
         "default_tb_s": tb_s(ms_default),
         "best": dict(us=best[0] * 1e3, tile=best[1], warps=best[2], stages=best[3], splits=best[4]),
         "best_tb_s": tb_s(best[0]),
+        "rope_two_kernels_us": ms_two * 1e3,
+        "rope_one_kernel_us": ms_one * 1e3,
         "all": [dict(us=r[0] * 1e3, tile=r[1], warps=r[2], stages=r[3], splits=r[4]) for r in rows],
     }
 
@@ -496,6 +521,8 @@ def run_workload(name: str, args, bw: float, flops: float) -> dict:
     ours = run_reinforge(
         model, config, w, prompts, args.profile, profile_tokens=args.profile_tokens
     )
+    if args.rope_ab:  # the decode step's RoPE in the attention kernel, or in its own
+        ours["rope_ab"] = rope_ab(model, config, w, prompts, args.rope_ab)
     if unfused is not None:
         ours["unfused"] = unfused
         ours["fused_speedup"] = ours["tokens_per_s"] / unfused["tokens_per_s"]
@@ -551,6 +578,33 @@ def run_workload(name: str, args, bw: float, flops: float) -> dict:
     return result
 
 
+def rope_ab(model, config, w: Workload, prompts, rounds: int) -> dict:
+    """tokens/s with the decode step's RoPE + K/V write inside the attention kernel
+    (`paged_decode_rope`, the default) and as a kernel of its own, alternated `rounds` times."""
+    import dataclasses
+
+    from reinforge.engine import model_runner, triton_attention
+
+    fused = triton_attention.TRITON_BACKEND
+    apart = dataclasses.replace(fused, decode_rope=None)
+    select = model_runner.select_attention_backend
+    runs: dict[str, list[float]] = {"one kernel": [], "two kernels": []}
+    try:
+        for _ in range(rounds):
+            for label, backend in (("two kernels", apart), ("one kernel", fused)):
+                model_runner.select_attention_backend = lambda device, b=backend: b
+                runs[label].append(run_reinforge(model, config, w, prompts, False)["tokens_per_s"])
+    finally:
+        model_runner.select_attention_backend = select
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    log(
+        f"  RoPE in the attention kernel: {med['one kernel']:,.0f} tokens/s, as its own kernel "
+        f"{med['two kernels']:,.0f} ({med['one kernel'] / med['two kernels']:.3f}x; "
+        f"{rounds} rounds alternated)"
+    )
+    return {"runs": runs, "median": med, "speedup": med["one kernel"] / med["two kernels"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", action="append", choices=sorted(WORKLOADS))
@@ -570,6 +624,9 @@ def main() -> None:
         help="new tokens of the profiled decode (the workload's + 1: its whole generation)",
     )
     parser.add_argument("--kernels", action="store_true", help="decode kernel / sampler bench")
+    parser.add_argument(
+        "--rope-ab", type=int, default=0, help="rounds of RoPE in / beside the attention kernel"
+    )
     parser.add_argument(
         "--lora",
         type=int,

@@ -231,7 +231,13 @@ def test_paged_decode_rope_matches_the_two_kernels(
     )  # fmt: skip
     assert got.shape == q.shape and got.dtype == dtype and not got.isnan().any()
     assert rel_error(got, expected) < tolerance(dtype)
-    assert torch.equal(got_k_cache.cpu(), ref_k_cache.cpu())
+    # the rotation may round a key differently by one ulp (fused multiply-adds); values copy
+    assert rel_error(got_k_cache, ref_k_cache) < tolerance(dtype) / 10
+    untouched = torch.ones(got_k_cache.shape[:2], dtype=torch.bool)
+    for slot in slots:
+        if slot >= 0:
+            untouched[slot // block_size, slot % block_size] = False
+    assert torch.equal(got_k_cache.cpu()[untouched], k_cache[untouched])
     assert torch.equal(got_v_cache.cpu(), ref_v_cache.cpu())
     assert torch.equal(got_q.cpu(), q) and torch.equal(got_k.cpu(), k)  # not rotated in place
 

@@ -91,7 +91,7 @@ def _paged_decode_kernel(
     SPLIT: tl.constexpr,  # num_splits > 1: write partial results for `_combine_splits_kernel`
     DOT_PRECISION: tl.constexpr,  # "ieee" for float32 models: no tf32 rounding
     ROPE: tl.constexpr,  # rotate q and the new k here, write the new K/V (`paged_decode_rope`)
-    HALF: tl.constexpr,  # HEAD_DIM // 2 (ROPE: DIM_PAD == 2 * HALF)
+    HALF: tl.constexpr,  # HEAD_DIM // 2
 ):
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -108,59 +108,33 @@ def _paged_decode_kernel(
     heads = kv_head * GROUP + offs_g
     g_mask = offs_g < GROUP
     d_mask = offs_d < HEAD_DIM
+    q_rows = q_ptr + b * stride_qb + heads[:, None] * stride_qh
+    q_mask = g_mask[:, None] & d_mask[None, :]
+    q = tl.load(q_rows + offs_d[None, :], mask=q_mask, other=0.0)
     if ROPE:
-        # RoPE (rotate-half) in registers, rounded to the cache's dtype as the two-kernel path
-        # rounds it; the new token's key enters the softmax from registers (it starts the split
-        # that holds the last position) and is written to the pool for the later steps
-        offs_h = tl.arange(0, HALF)
-        cos1 = tl.load(cos_ptr + b * stride_cb + offs_h).to(tl.float32)
-        cos2 = tl.load(cos_ptr + b * stride_cb + HALF + offs_h).to(tl.float32)
-        sin1 = tl.load(sin_ptr + b * stride_sb + offs_h).to(tl.float32)
-        sin2 = tl.load(sin_ptr + b * stride_sb + HALF + offs_h).to(tl.float32)
-        q_half = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_h[None, :]
-        x1 = tl.load(q_half, mask=g_mask[:, None], other=0.0).to(tl.float32)
-        x2 = tl.load(q_half + HALF, mask=g_mask[:, None], other=0.0).to(tl.float32)
-        q1 = (x1 * cos1[None, :] - x2 * sin1[None, :]).to(q_ptr.dtype.element_ty)
-        q2 = (x2 * cos2[None, :] + x1 * sin2[None, :]).to(q_ptr.dtype.element_ty)
-        q = tl.reshape(tl.permute(tl.join(q1, q2), (0, 2, 1)), (GROUP_PAD, DIM_PAD))
+        # RoPE (transformers' rotate-half: x * cos + [-x2, x1] * sin) in registers, rounded to
+        # q's dtype as `rope_write_kv` rounds it. The new token's K/V are loaded here and enter
+        # the softmax after the pool's keys (in the split that holds the last position).
+        partner = (offs_d + HALF) % HEAD_DIM
+        sign = tl.where(offs_d < HALF, -1.0, 1.0)
+        cos = tl.load(cos_ptr + b * stride_cb + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + b * stride_sb + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+        q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
+        q = q.to(tl.float32) * cos[None, :] + (sign * sin)[None, :] * q_partner
+        q = q.to(q_ptr.dtype.element_ty)
         k_row = k_new_ptr + b * stride_knb + kv_head * stride_knh
-        y1 = tl.load(k_row + offs_h).to(tl.float32)
-        y2 = tl.load(k_row + HALF + offs_h).to(tl.float32)
-        k1 = (y1 * cos1 - y2 * sin1).to(k_ptr.dtype.element_ty)
-        k2 = (y2 * cos2 + y1 * sin2).to(k_ptr.dtype.element_ty)
+        k_new = tl.load(k_row + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+        k_partner = tl.load(k_row + partner, mask=d_mask, other=0.0).to(tl.float32)
+        k_new = (k_new * cos + sign * sin * k_partner).to(k_ptr.dtype.element_ty)
         v_row = v_new_ptr + b * stride_vnb + kv_head * stride_vnh
-        v1 = tl.load(v_row + offs_h).to(v_ptr.dtype.element_ty)
-        v2 = tl.load(v_row + HALF + offs_h).to(v_ptr.dtype.element_ty)
+        v_new = tl.load(v_row + offs_d, mask=d_mask, other=0.0).to(v_ptr.dtype.element_ty)
+        slot = tl.load(slots_ptr + b).to(tl.int64)
         last = context_len - 1
         owner = (last >= tok_start) & (last < tok_end)
-        slot = tl.load(slots_ptr + b).to(tl.int64)
-        if owner & (slot >= 0):
-            page = slot // BLOCK_SIZE
-            in_page = slot % BLOCK_SIZE
-            k_dst = k_ptr + page * stride_kp + in_page * stride_kt + kv_head * stride_kh
-            tl.store(k_dst + offs_h, k1)
-            tl.store(k_dst + HALF + offs_h, k2)
-            v_dst = v_ptr + page * stride_vp + in_page * stride_vt + kv_head * stride_vh
-            tl.store(v_dst + offs_h, v1)
-            tl.store(v_dst + HALF + offs_h, v2)
-        k_new = tl.reshape(tl.permute(tl.join(k1, k2), (1, 0)), (DIM_PAD,)).to(tl.float32)
-        v_new = tl.reshape(tl.permute(tl.join(v1, v2), (1, 0)), (DIM_PAD,)).to(tl.float32)
-        s_new = tl.sum(q.to(tl.float32) * k_new[None, :], 1) * scale_log2
-        m = tl.where(owner, s_new, float("-inf"))
-        l = tl.where(owner, 1.0, 0.0) + tl.zeros([GROUP_PAD], tl.float32)  # noqa: E741
-        acc = tl.where(owner, 1.0, 0.0) * v_new[None, :] + tl.zeros(
-            [GROUP_PAD, DIM_PAD], tl.float32
-        )
         tok_end = tl.minimum(tok_end, last)  # the pool's keys: all but the new one
-    else:
-        q = tl.load(
-            q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-            mask=g_mask[:, None] & d_mask[None, :],
-            other=0.0,
-        )
-        m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        l = tl.zeros([GROUP_PAD], tl.float32)  # noqa: E741
-        acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l = tl.zeros([GROUP_PAD], tl.float32)  # noqa: E741
+    acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
     table_row = tables_ptr + b * stride_tb
     for start in range(tok_start, tok_end, TILE):
         tok = start + offs_t
@@ -190,6 +164,22 @@ def _paged_decode_kernel(
         )
         pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
+        m = m_new
+    if ROPE:
+        if owner & (slot >= 0):  # for the later steps
+            page = slot // BLOCK_SIZE
+            in_page = slot % BLOCK_SIZE
+            k_dst = k_ptr + page * stride_kp + in_page * stride_kt + kv_head * stride_kh
+            v_dst = v_ptr + page * stride_vp + in_page * stride_vt + kv_head * stride_vh
+            tl.store(k_dst + offs_d, k_new, mask=d_mask)
+            tl.store(v_dst + offs_d, v_new, mask=d_mask)
+        s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * scale_log2
+        # only the owner takes it (another split may hold no key at all: m = -inf)
+        m_new = tl.where(owner, tl.maximum(m, s_new), m)
+        alpha = tl.where(owner, tl.exp2(m - m_new), 1.0)
+        p_new = tl.where(owner, tl.exp2(s_new - m_new), 0.0)
+        l = l * alpha + p_new  # noqa: E741
+        acc = acc * alpha[:, None] + p_new[:, None] * v_new.to(tl.float32)[None, :]
         m = m_new
 
     out_mask = g_mask[:, None] & d_mask[None, :]
@@ -277,8 +267,8 @@ def paged_decode(
 
 
 def rope_fits(head_dim: int) -> bool:
-    """`paged_decode_rope` keeps both halves of a head in registers: a power of two >= 32."""
-    return head_dim >= 32 and head_dim & (head_dim - 1) == 0
+    """`paged_decode_rope` rotates whole heads of an even size (rotate-half RoPE)."""
+    return head_dim % 2 == 0
 
 
 def paged_decode_rope(
@@ -298,7 +288,7 @@ def paged_decode_rope(
     """`rope_write_kv` and `paged_decode` in one kernel: RoPE on q and the new k in registers,
     the new K/V written to the pool, attention over the pool's keys plus the new one (one launch
     a layer fewer; q and k are left as they came). Heads whose size `rope_fits` does not take
-    run the two kernels."""
+    run the two kernels (none of the shapes in use)."""
     D = q_BHD.shape[-1]
     if not rope_fits(D):
         rope_write_kv(q_BHD, k_BKD, v_BKD, cos_BD, sin_BD, k_cache, v_cache, slots_B)
