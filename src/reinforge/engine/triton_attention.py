@@ -10,7 +10,11 @@ per sequence from its context length inside the kernel: one launch configuration
 lengths, which is what CUDA graphs need.
 
 `rope_write_kv` applies RoPE to q and k in place and writes the new K/V into the pool by slot
-(slot -1: skip), one launch per layer instead of a dozen small ones.
+(slot -1: skip), one launch per layer instead of a dozen small ones. A decode step folds it into
+the attention kernel (`paged_decode_rope`, the backend's `decode_rope`): each program rotates its
+q heads in registers, and the program whose split holds the sequence's last position rotates the
+new key, writes the new K/V to the pool for the later steps and takes that key into its softmax
+from registers, so no kernel reads the pool before the write is done. Prefill keeps the two.
 
 Prefill goes through `torch.nn.attention.varlen.varlen_attn` (flash, packed, causal per sequence)
 when no sequence has a cached prefix and the dtype is bf16/fp16; otherwise through the reference
