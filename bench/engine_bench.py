@@ -407,7 +407,38 @@ def bench_decode_kernel(name: str, B: int, H: int, K: int, D: int, ctx: int) -> 
     rows.sort()
     best = rows[0]
     tb_s = lambda ms: kv_bytes / (ms / 1e3) / 1e12  # noqa: E731
-    # the step's RoPE + K/V write, then attention (two kernels) against `paged_decode_rope`
+    log(
+        f"  decode kernel {name} {dict(B=B, H=H, K=K, D=D, ctx=ctx)}: default "
+        f"({default_splits} splits) {ms_default * 1e3:.1f} us ({tb_s(ms_default):.2f} TB/s); best "
+        f"{best[0] * 1e3:.1f} us tile={best[1]} warps={best[2]} stages={best[3]} "
+        f"splits={best[4]} ({tb_s(best[0]):.2f} TB/s)"
+    )
+    log("    " + ", ".join(f"{r[1]}/{r[2]}/{r[3]}/{r[4]}: {r[0] * 1e3:.0f}" for r in rows))
+    return {
+        "shape": dict(B=B, H=H, K=K, D=D, ctx=ctx),
+        "default_us": ms_default * 1e3,
+        "default_splits": default_splits,
+        "default_tb_s": tb_s(ms_default),
+        "best": dict(us=best[0] * 1e3, tile=best[1], warps=best[2], stages=best[3], splits=best[4]),
+        "best_tb_s": tb_s(best[0]),
+        "all": [dict(us=r[0] * 1e3, tile=r[1], warps=r[2], stages=r[3], splits=r[4]) for r in rows],
+    }
+
+
+def bench_rope_kernel(name: str, B: int, H: int, K: int, D: int, ctx: int) -> dict:
+    """The decode step's RoPE + K/V write then attention (two kernels) against
+    `paged_decode_rope` (one), at the default configuration, graph replay."""
+    import functools
+
+    from reinforge.engine import triton_attention as ta
+
+    bs = 16
+    pages = B * (ctx // bs)
+    k_cache = torch.randn(pages, bs, K, D, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.randperm(pages, device="cuda", dtype=torch.int32).view(B, ctx // bs)
+    lens = torch.full((B,), ctx, device="cuda", dtype=torch.long)
+    q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
     k_new = torch.randn(B, K, D, device="cuda", dtype=torch.bfloat16)
     v_new = torch.randn_like(k_new)
     angles = torch.rand(B, D // 2, device="cuda") * 6
@@ -430,24 +461,7 @@ def bench_decode_kernel(name: str, B: int, H: int, K: int, D: int, ctx: int) -> 
         f"  decode kernel {name}: RoPE + K/V write + attention as two kernels {ms_two * 1e3:.1f} "
         f"us, as one (paged_decode_rope) {ms_one * 1e3:.1f} us"
     )
-    log(
-        f"  decode kernel {name} {dict(B=B, H=H, K=K, D=D, ctx=ctx)}: default "
-        f"({default_splits} splits) {ms_default * 1e3:.1f} us ({tb_s(ms_default):.2f} TB/s); best "
-        f"{best[0] * 1e3:.1f} us tile={best[1]} warps={best[2]} stages={best[3]} "
-        f"splits={best[4]} ({tb_s(best[0]):.2f} TB/s)"
-    )
-    log("    " + ", ".join(f"{r[1]}/{r[2]}/{r[3]}/{r[4]}: {r[0] * 1e3:.0f}" for r in rows))
-    return {
-        "shape": dict(B=B, H=H, K=K, D=D, ctx=ctx),
-        "default_us": ms_default * 1e3,
-        "default_splits": default_splits,
-        "default_tb_s": tb_s(ms_default),
-        "best": dict(us=best[0] * 1e3, tile=best[1], warps=best[2], stages=best[3], splits=best[4]),
-        "best_tb_s": tb_s(best[0]),
-        "rope_two_kernels_us": ms_two * 1e3,
-        "rope_one_kernel_us": ms_one * 1e3,
-        "all": [dict(us=r[0] * 1e3, tile=r[1], warps=r[2], stages=r[3], splits=r[4]) for r in rows],
-    }
+    return {"two_kernels_us": ms_two * 1e3, "one_kernel_us": ms_one * 1e3}
 
 
 def bench_sampler(B: int, V: int) -> dict:
@@ -469,11 +483,19 @@ def bench_sampler(B: int, V: int) -> dict:
     return out
 
 
+def rope_kernels() -> dict:
+    return {
+        "rope_E1": bench_rope_kernel("E1", 256, 14, 2, 64, 384),
+        "rope_E2": bench_rope_kernel("E2", 512, 28, 4, 128, 768),
+    }
+
+
 def kernel_bench() -> dict:
     results = {
         "decode_E1": bench_decode_kernel("E1", 256, 14, 2, 64, 384),
         "decode_E2": bench_decode_kernel("E2", 512, 28, 4, 128, 768),
     }
+    results.update(rope_kernels())
     for B, V in ((256, 151936), (512, 152064)):
         results[f"sampler_{B}x{V}"] = bench_sampler(B, V)
     return results
@@ -624,6 +646,7 @@ def main() -> None:
         help="new tokens of the profiled decode (the workload's + 1: its whole generation)",
     )
     parser.add_argument("--kernels", action="store_true", help="decode kernel / sampler bench")
+    parser.add_argument("--rope-kernels", action="store_true", help="only the RoPE A/B kernels")
     parser.add_argument(
         "--rope-ab", type=int, default=0, help="rounds of RoPE in / beside the attention kernel"
     )
@@ -664,6 +687,8 @@ def main() -> None:
     report = {"environment": env, "results": []}
     if args.kernels:
         report["kernels"] = kernel_bench()
+    elif args.rope_kernels:
+        report["kernels"] = rope_kernels()
     for name in args.workload or []:
         report["results"].append(run_workload(name, args, bw, flops))
         (out / "engine_bench.json").write_text(json.dumps(report, indent=1))

@@ -117,8 +117,8 @@ def _paged_decode_kernel(
     q = tl.load(q_rows + offs_d[None, :], mask=q_mask, other=0.0)
     if ROPE:
         # RoPE (transformers' rotate-half: x * cos + [-x2, x1] * sin) in registers, rounded to
-        # q's dtype as `rope_write_kv` rounds it. The new token's K/V are loaded here and enter
-        # the softmax after the pool's keys (in the split that holds the last position).
+        # q's dtype as `rope_write_kv` rounds it. The new token's K/V enter the softmax after
+        # the pool's keys (in the split that holds the last position).
         partner = (offs_d + HALF) % HEAD_DIM
         sign = tl.where(offs_d < HALF, -1.0, 1.0)
         cos = tl.load(cos_ptr + b * stride_cb + offs_d, mask=d_mask, other=0.0).to(tl.float32)
@@ -126,13 +126,6 @@ def _paged_decode_kernel(
         q_partner = tl.load(q_rows + partner[None, :], mask=q_mask, other=0.0).to(tl.float32)
         q = q.to(tl.float32) * cos[None, :] + (sign * sin)[None, :] * q_partner
         q = q.to(q_ptr.dtype.element_ty)
-        k_row = k_new_ptr + b * stride_knb + kv_head * stride_knh
-        k_new = tl.load(k_row + offs_d, mask=d_mask, other=0.0).to(tl.float32)
-        k_partner = tl.load(k_row + partner, mask=d_mask, other=0.0).to(tl.float32)
-        k_new = (k_new * cos + sign * sin * k_partner).to(k_ptr.dtype.element_ty)
-        v_row = v_new_ptr + b * stride_vnb + kv_head * stride_vnh
-        v_new = tl.load(v_row + offs_d, mask=d_mask, other=0.0).to(v_ptr.dtype.element_ty)
-        slot = tl.load(slots_ptr + b).to(tl.int64)
         last = context_len - 1
         owner = (last >= tok_start) & (last < tok_end)
         tok_end = tl.minimum(tok_end, last)  # the pool's keys: all but the new one
@@ -169,7 +162,18 @@ def _paged_decode_kernel(
         pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         acc = acc * alpha[:, None] + pv
         m = m_new
-    if ROPE:
+    if ROPE:  # (loaded here, not before the loop: nothing more stays live through it)
+        partner = (offs_d + HALF) % HEAD_DIM
+        sign = tl.where(offs_d < HALF, -1.0, 1.0)
+        cos = tl.load(cos_ptr + b * stride_cb + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + b * stride_sb + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+        k_row = k_new_ptr + b * stride_knb + kv_head * stride_knh
+        k_new = tl.load(k_row + offs_d, mask=d_mask, other=0.0).to(tl.float32)
+        k_partner = tl.load(k_row + partner, mask=d_mask, other=0.0).to(tl.float32)
+        k_new = (k_new * cos + sign * sin * k_partner).to(k_ptr.dtype.element_ty)
+        v_row = v_new_ptr + b * stride_vnb + kv_head * stride_vnh
+        v_new = tl.load(v_row + offs_d, mask=d_mask, other=0.0).to(v_ptr.dtype.element_ty)
+        slot = tl.load(slots_ptr + b).to(tl.int64)
         if owner & (slot >= 0):  # for the later steps
             page = slot // BLOCK_SIZE
             in_page = slot % BLOCK_SIZE
