@@ -10,8 +10,8 @@ per sequence from its context length inside the kernel: one launch configuration
 lengths, which is what CUDA graphs need.
 
 `rope_write_kv` applies RoPE to q and k in place and writes the new K/V into the pool by slot
-(slot -1: skip), one launch per layer instead of a dozen small ones. A decode step folds it into
-the attention kernel (`paged_decode_rope`, the backend's `decode_rope`): each program rotates its
+(slot -1: skip), one launch per layer instead of a dozen small ones. A decode step with heads up
+to 64 wide (`rope_fits`) folds it into the attention kernel (`paged_decode_rope`, the backend's `decode_rope`): each program rotates its
 q heads in registers, and the program whose split holds the sequence's last position rotates the
 new key, writes the new K/V to the pool for the later steps and takes that key into its softmax
 from registers, so no kernel reads the pool before the write is done. Prefill keeps the two.
@@ -275,8 +275,11 @@ def paged_decode(
 
 
 def rope_fits(head_dim: int) -> bool:
-    """`paged_decode_rope` rotates whole heads of an even size (rotate-half RoPE)."""
-    return head_dim % 2 == 0
+    """Heads `paged_decode_rope` takes: even (rotate-half RoPE) and at most 64 wide. Measured on
+    an H200 (graph replay, bench/RESULTS.md session 24): at E1's shape (256 x 14/2 heads of 64,
+    384 keys) one kernel 26.0-26.1 us against 28.1-28.5 for the two; at E2's (512 x 28/4 heads of
+    128, 768 keys) 235-241 against 212-216, so heads of 128 keep the two kernels."""
+    return head_dim % 2 == 0 and head_dim <= 64
 
 
 def paged_decode_rope(
@@ -295,8 +298,8 @@ def paged_decode_rope(
 ) -> torch.Tensor:
     """`rope_write_kv` and `paged_decode` in one kernel: RoPE on q and the new k in registers,
     the new K/V written to the pool, attention over the pool's keys plus the new one (one launch
-    a layer fewer; q and k are left as they came). Heads whose size `rope_fits` does not take
-    run the two kernels (none of the shapes in use)."""
+    a layer fewer; q and k are left as they came). Heads `rope_fits` does not take run the two
+    kernels."""
     D = q_BHD.shape[-1]
     if not rope_fits(D):
         rope_write_kv(q_BHD, k_BKD, v_BKD, cos_BD, sin_BD, k_cache, v_cache, slots_B)
