@@ -25,6 +25,7 @@ TIMING = {
     "gen_engine_s",
     "gen_restore_s",
     "gen_graph_capture_s",
+    "gc_s",
 }
 
 

@@ -30,6 +30,7 @@ from reinforge.rollout.trajectories import episode_metrics, tool_use_notes
 from reinforge.run import RunContext, Stopped, Summary
 from reinforge.sharding import full_weights
 from reinforge.train.loop.advantage_step import assign_advantages, build_step_batch
+from reinforge.train.loop.collector import Collector
 from reinforge.train.loop.diagnostics import headroom_eval, headroom_text, question_repeats
 from reinforge.train.loop.disaggregated import generate_for_trainers
 from reinforge.train.loop.graphs import held_bytes, peak_allocated, pool_metrics
@@ -65,6 +66,7 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
     summary = Summary("train", ctx.run_dir, final_step=state.step)
     eval_tokens = cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens
     rollouts = rollout_source(cfg, state)
+    collector = Collector()
     try:
         if cfg.sft.steps > 0 and not state.sft_done:
             if state.phase != "sft":
@@ -84,6 +86,9 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
         with progress_bar(cfg.run.max_steps, state.step, "RL") as advance:
             for step in range(state.step + 1, cfg.run.max_steps + 1):
                 metrics = rl_step(cfg, learner, tasks, state, step, logger, rollouts)
+                metrics["gc_s"] = collector.take()
+                if step == start_step + 1:  # compiled, captured, allocated: the rest is per step
+                    collector.settle()
                 state.step = summary.final_step = step
                 summary.steps_trained = step - start_step
                 logger.log(step, metrics)
@@ -99,6 +104,7 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
         if cfg.log.plot and is_main():
             plot_curves(ctx.run_dir)
     finally:
+        collector.close()
         rollouts.close()
         logger.close()
     summary.notes += tool_use_notes(ctx.run_dir)

@@ -1,0 +1,60 @@
+"""Python's cyclic garbage collector, kept out of the steps' time.
+
+A full (generation 2) collection walks every object the process tracks, and it runs whenever
+enough new long-lived objects have piled up. A training process tracks many: about 0.44 M after a
+CPU quickstart (a full collection 0.32 s on a 2-core box), more in a GPU run, where
+`torch.compile` and the captured CUDA graphs keep their own bookkeeping. In G1 that showed as a
+0.5-0.6 s pause in the rollout of one step in five (bench/RESULTS.md, session 24).
+
+After a run's first step everything long-lived exists (the model, the optimizer, compiled code,
+captured graphs, the engine): `Collector.settle` collects once and moves what is alive to the
+permanent generation (`gc.freeze`), so later collections walk only what the steps made since.
+The run gives it back at its end (`close`: `gc.unfreeze`), so a process that runs several
+trainings one after another (the tests) still frees their garbage.
+
+Each step's seconds inside the collector are its `gc_s` metric.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+
+class Collector:
+    """Counts the seconds spent in collections (every thread's) until `close`."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._start: float | None = None
+        self._settled = False
+        gc.callbacks.append(self._on_collection)
+
+    def _on_collection(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.seconds += time.perf_counter() - self._start
+            self._start = None
+
+    def take(self) -> float:
+        """The seconds collected since the last call."""
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+    def settle(self) -> None:
+        """Once a run's long-lived objects exist: one full collection, then freeze what is left
+        (later collections skip it). Its own collection's time is not a step's."""
+        if self._settled:
+            return
+        gc.collect()
+        gc.freeze()
+        self._settled = True
+        self.take()
+
+    def close(self) -> None:
+        if self._on_collection in gc.callbacks:
+            gc.callbacks.remove(self._on_collection)
+        if self._settled:
+            gc.unfreeze()
+            self._settled = False
