@@ -14,6 +14,9 @@ each memory pool besides the default (CUDA graphs', a shared MemPool) with what 
 OUT_FILE (and the raw snapshot beside it, OUT_FILE.pickle, for `torch.cuda._memory_viz`).
 With --sections: every step's train phase split into its parts (`SECTIONS`), each between two
 device synchronizations, one line per step to OUT_FILE.
+With --no-gc-freeze CONFIG-ARGS: the run as it is, except that the collector's settling after
+the first step (`train.loop.collector`) does nothing: every step's `gc_s` then shows the full
+collections a run pays without it.
 With --fsdp1 (before either): the trainer takes its distributed path over a world of one
 process: FSDP2 sharding, so FSDP's own cost (hooks, casts, copies, the optimizer on DTensor
 shards) shows on one GPU, apart from any communication; or, with `distributed.strategy=replicate`,
@@ -310,6 +313,11 @@ if __name__ == "__main__":
     if argv[0] == "--fsdp1":
         shard_over_one_process()
         argv = argv[1:]
+    if argv[0] == "--no-gc-freeze":  # the baseline of `train.loop.collector`: nothing frozen
+        import reinforge.train.loop.collector as collector
+
+        collector.Collector.settle = lambda self: None
+        sys.exit(main(argv[1:]))
     if argv[0] == "--sections":
         sectioned(argv[1])
         sys.exit(main(argv[2:]))
