@@ -40,8 +40,11 @@ def test_collections_are_timed_and_settle_freezes_until_close():
 
 
 def test_a_run_logs_each_steps_collector_seconds(tmp_path):
-    run = cli("train", f"run.output_dir={tmp_path}", "run.name=gc", "run.max_steps=3", *TINY_RUN)
+    args = [f"run.output_dir={tmp_path}", "run.name=gc", "run.max_steps=3", "sft.steps=2"]
+    run = cli("train", *args, *TINY_RUN)
     assert run.returncode == ExitCode.OK, run.stderr
     rows = [json.loads(x) for x in (tmp_path / "gc" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "gc_s" in r]
-    assert len(steps) == 3 and all(0.0 <= r["gc_s"] < r["step_s"] for r in steps), steps
+    rl = [r for r in rows if r.get("phase", "rl") == "rl" and "step_s" in r]
+    sft = [r for r in rows if r.get("phase") == "sft"]
+    assert len(rl) == 3 and all(0.0 <= r["gc_s"] < r["step_s"] for r in rl), rl
+    assert len(sft) == 2 and all(r["gc_s"] >= 0.0 for r in sft), sft

@@ -12,7 +12,8 @@ permanent generation (`gc.freeze`), so later collections walk only what the step
 The run gives it back at its end (`close`: `gc.unfreeze`), so a process that runs several
 trainings one after another (the tests) still frees their garbage.
 
-Each step's seconds inside the collector are its `gc_s` metric.
+The RL loop (`rl.train`) and the SFT phase (`session.sft_phase`) each settle after their first
+step in the process; each step's seconds inside the collector are its `gc_s` metric.
 """
 
 from __future__ import annotations

@@ -83,6 +83,7 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
             log_eval(cfg, policy, tasks, logger, 0, eval_tokens, "before RL")
         summary.eval_before = first_eval_from_log(ctx.run_dir)
         start_step = state.step
+        collector.take()  # SFT's and the set-up's collections are not RL steps'
         with progress_bar(cfg.run.max_steps, state.step, "RL") as advance:
             for step in range(state.step + 1, cfg.run.max_steps + 1):
                 metrics = rl_step(cfg, learner, tasks, state, step, logger, rollouts)

@@ -33,6 +33,7 @@ from reinforge.models.loading import load_tokenizer, model_source, resolve_devic
 from reinforge.run import RunContext, Stopped
 from reinforge.sharding import shard_model
 from reinforge.tasks import task_source_for
+from reinforge.train.loop.collector import Collector
 from reinforge.train.loop.nonfinite import enforce_non_finite_policy
 from reinforge.train.packing.forward import packed_logprobs
 from reinforge.train.planner.lengths import probe_lengths
@@ -227,46 +228,53 @@ def sft_phase(
     every = max(total_steps // 10, 1)
     mine = share(s.batch_size)  # this rank's examples of each batch
     eta = StepTimer(total_steps, state.step)
-    with progress_bar(total_steps, state.step, "SFT") as advance:
-        for step in range(state.step + 1, total_steps + 1):
-            prompts, responses, masks = sft_examples(
-                policy.tokenizer, tasks, state.data_position + mine.start, len(mine)
-            )
-            state.data_position += s.batch_size
-            with faults.site("training") as poison:
-                metrics = sft_step(
-                    policy.model,
-                    policy.tokenizer,
-                    optimizer,
-                    scheduler,
-                    prompts,
-                    responses,
-                    o.max_grad_norm,
-                    micro_batch_tokens=policy.setup.memory.micro_batch_tokens,
-                    poison=poison,
-                    share_prompts=cfg.train.share_prompts,
-                    masks=masks,
-                    accumulate_unsharded=policy.setup.memory.accumulate_unsharded,
+    collector, first = Collector(), state.step + 1  # the collector's pauses (`collector`)
+    try:
+        with progress_bar(total_steps, state.step, "SFT") as advance:
+            for step in range(state.step + 1, total_steps + 1):
+                prompts, responses, masks = sft_examples(
+                    policy.tokenizer, tasks, state.data_position + mine.start, len(mine)
                 )
-            state.step = step
-            logger.log(step, {**metrics, **faults.step_metrics()}, phase="sft")
-            advance()
-            enforce_non_finite_policy(cfg.train, state, metrics, "sft")
-            if step % every == 0 or step == total_steps:
-                console.print(
-                    f"sft {step:>5}/{total_steps} | loss {metrics['loss']:.4f} | "
-                    f"lr {metrics['lr']:.2e} | {eta.left(step)}"
-                )
-            if validate is not None:
-                validate(step)
-            if any_rank(ctx.should_stop) and step < total_steps:
-                saved = Saved(policy.model, policy.tokenizer, state, optimizer, scheduler)
-                path = save(ctx, f"sft_step_{step:06d}", saved)
-                raise Stopped(ctx.stop_signal or "signal", path)
-            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total_steps:
-                keep = cfg.checkpoint.keep_last
-                saved = Saved(policy.model, policy.tokenizer, state, optimizer, scheduler)
-                save(ctx, f"sft_step_{step:06d}", saved, keep)
+                state.data_position += s.batch_size
+                with faults.site("training") as poison:
+                    metrics = sft_step(
+                        policy.model,
+                        policy.tokenizer,
+                        optimizer,
+                        scheduler,
+                        prompts,
+                        responses,
+                        o.max_grad_norm,
+                        micro_batch_tokens=policy.setup.memory.micro_batch_tokens,
+                        poison=poison,
+                        share_prompts=cfg.train.share_prompts,
+                        masks=masks,
+                        accumulate_unsharded=policy.setup.memory.accumulate_unsharded,
+                    )
+                metrics["gc_s"] = collector.take()
+                if step == first:  # compiled and allocated: the rest is per step
+                    collector.settle()
+                state.step = step
+                logger.log(step, {**metrics, **faults.step_metrics()}, phase="sft")
+                advance()
+                enforce_non_finite_policy(cfg.train, state, metrics, "sft")
+                if step % every == 0 or step == total_steps:
+                    console.print(
+                        f"sft {step:>5}/{total_steps} | loss {metrics['loss']:.4f} | "
+                        f"lr {metrics['lr']:.2e} | {eta.left(step)}"
+                    )
+                if validate is not None:
+                    validate(step)
+                if any_rank(ctx.should_stop) and step < total_steps:
+                    saved = Saved(policy.model, policy.tokenizer, state, optimizer, scheduler)
+                    path = save(ctx, f"sft_step_{step:06d}", saved)
+                    raise Stopped(ctx.stop_signal or "signal", path)
+                if cfg.checkpoint.every and step % cfg.checkpoint.every == 0 and step < total_steps:
+                    keep = cfg.checkpoint.keep_last
+                    saved = Saved(policy.model, policy.tokenizer, state, optimizer, scheduler)
+                    save(ctx, f"sft_step_{step:06d}", saved, keep)
+    finally:
+        collector.close()
     state = TrainerState("rl", 0, state.data_position, True, state.micro_batch_tokens)
     save_sft_final(cfg, ctx, policy, state)
     for stale in checkpoints_dir(ctx.run_dir).glob("sft_step_*"):
