@@ -372,6 +372,18 @@ def graph_ms(fn) -> float:
     return median_ms(graph.replay)
 
 
+def decode_inputs(B: int, H: int, K: int, D: int, ctx: int, bs: int) -> tuple:
+    """(k_cache, v_cache, tables, lens, q) for B sequences of `ctx` keys on `bs`-token pages
+    scattered at random, bf16."""
+    pages = B * (ctx // bs)
+    k_cache = torch.randn(pages, bs, K, D, device="cuda", dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.randperm(pages, device="cuda", dtype=torch.int32).view(B, ctx // bs)
+    lens = torch.full((B,), ctx, device="cuda", dtype=torch.long)
+    q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
+    return k_cache, v_cache, tables, lens, q
+
+
 def bench_decode_kernel(name: str, B: int, H: int, K: int, D: int, ctx: int) -> dict:
     """The decode attention kernel alone at one shape over configurations and split counts;
     bandwidth is K/V bytes read over time."""
@@ -380,12 +392,7 @@ def bench_decode_kernel(name: str, B: int, H: int, K: int, D: int, ctx: int) -> 
     from reinforge.engine import triton_attention as ta
 
     bs = 16
-    pages = B * (ctx // bs)
-    k_cache = torch.randn(pages, bs, K, D, device="cuda", dtype=torch.bfloat16)
-    v_cache = torch.randn_like(k_cache)
-    tables = torch.randperm(pages, device="cuda", dtype=torch.int32).view(B, ctx // bs)
-    lens = torch.full((B,), ctx, device="cuda", dtype=torch.long)
-    q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache, tables, lens, q = decode_inputs(B, H, K, D, ctx, bs)
     kv_bytes = 2 * B * ctx * K * D * 2
     default = dict(ta.DECODE_CONFIG)
     default_splits = ta.num_decode_splits(B, K, q.device)
@@ -433,12 +440,7 @@ def bench_rope_kernel(name: str, B: int, H: int, K: int, D: int, ctx: int) -> di
     from reinforge.engine import triton_attention as ta
 
     bs = 16
-    pages = B * (ctx // bs)
-    k_cache = torch.randn(pages, bs, K, D, device="cuda", dtype=torch.bfloat16)
-    v_cache = torch.randn_like(k_cache)
-    tables = torch.randperm(pages, device="cuda", dtype=torch.int32).view(B, ctx // bs)
-    lens = torch.full((B,), ctx, device="cuda", dtype=torch.long)
-    q = torch.randn(B, H, D, device="cuda", dtype=torch.bfloat16)
+    k_cache, v_cache, tables, lens, q = decode_inputs(B, H, K, D, ctx, bs)
     k_new = torch.randn(B, K, D, device="cuda", dtype=torch.bfloat16)
     v_new = torch.randn_like(k_new)
     angles = torch.rand(B, D // 2, device="cuda") * 6
