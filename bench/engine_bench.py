@@ -650,6 +650,12 @@ def main() -> None:
     parser.add_argument("--kernels", action="store_true", help="decode kernel / sampler bench")
     parser.add_argument("--rope-kernels", action="store_true", help="only the RoPE A/B kernels")
     parser.add_argument(
+        "--decode-config",
+        action="append",
+        default=[],
+        help="KEY=INT over triton_attention.DECODE_CONFIG for the runs (e.g. programs_per_sm=8)",
+    )
+    parser.add_argument(
         "--rope-ab", type=int, default=0, help="rounds of RoPE in / beside the attention kernel"
     )
     parser.add_argument(
@@ -687,6 +693,14 @@ def main() -> None:
     env["copy_bandwidth_tb_s"], env["bf16_matmul_tflops"] = bw / 1e12, flops / 1e12
     log(f"environment: {env}")
     report = {"environment": env, "results": []}
+    if args.decode_config:
+        from reinforge.engine import triton_attention
+
+        for item in args.decode_config:
+            key, value = item.split("=")
+            assert key in triton_attention.DECODE_CONFIG, f"--decode-config {key}: no such key"
+            triton_attention.DECODE_CONFIG[key] = int(value)
+        log(f"  decode config: {triton_attention.DECODE_CONFIG}")
     if args.kernels:
         report["kernels"] = kernel_bench()
     elif args.rope_kernels:
