@@ -4,18 +4,18 @@ Decode is one query token per sequence. `paged_decode` runs one program per (seq
 split): the program loads all query heads of its GQA group at once (padded to 16 rows for the
 tensor cores), walks its share of the sequence's pages reading each K/V page exactly once, and
 keeps an online softmax in float32. With more than one split, each split writes its partial output
-and log-sum-exp, counts itself done on an atomic counter, and the last to finish combines them (no
-second kernel); the split count grows as the batch shrinks, so small batches still fill the GPU.
-A split covers whole pages of `cdiv(pages, splits)`, computed per sequence from its context length
-inside the kernel: one launch configuration serves any lengths, which is what CUDA graphs need.
+and log-sum-exp and a second kernel combines them; the split count grows as the batch shrinks, so
+small batches still fill the GPU. A split covers whole pages of `cdiv(pages, splits)`, computed
+per sequence from its context length inside the kernel: one launch configuration serves any
+lengths, which is what CUDA graphs need.
 
 `rope_write_kv` applies RoPE to q and k in place and writes the new K/V into the pool by slot
 (slot -1: skip), one launch per layer instead of a dozen small ones. A decode step with heads up
 to 64 wide (`rope_fits`) folds it into the attention kernel (`paged_decode_rope`, the backend's
 `decode_rope`): each program rotates its q heads in registers, and the program whose split holds
 the sequence's last position rotates the new key, writes the new K/V to the pool for the later
-steps and takes that key into its softmax
-from registers, so no kernel reads the pool before the write is done. Prefill keeps the two.
+steps and takes that key into its softmax from registers, so no kernel reads the pool before the
+write is done. Prefill keeps the two.
 
 Prefill goes through `torch.nn.attention.varlen.varlen_attn` (flash, packed, causal per sequence)
 when no sequence has a cached prefix and the dtype is bf16/fp16; otherwise through the reference
@@ -60,7 +60,6 @@ def _paged_decode_kernel(
     out_ptr,  # [B, H, D]
     part_out_ptr,  # [B, H, num_splits, D] float32
     part_lse_ptr,  # [B, H, num_splits] float32
-    counters_ptr,  # [>= B * K] int32, zero between calls: splits done per (sequence, KV head)
     scale_log2,
     num_splits,  # a runtime value: one compiled kernel serves every split count
     stride_qb,
@@ -94,8 +93,7 @@ def _paged_decode_kernel(
     DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILE: tl.constexpr,
-    SPLIT: tl.constexpr,  # num_splits > 1: partial results, combined by the last split to end
-    SPLITS_PAD: tl.constexpr,
+    SPLIT: tl.constexpr,  # num_splits > 1: write partial results for `_combine_splits_kernel`
     DOT_PRECISION: tl.constexpr,  # "ieee" for float32 models: no tf32 rounding
     ROPE: tl.constexpr,  # rotate q and the new k here, write the new K/V (`paged_decode_rope`)
     HALF: tl.constexpr,  # HEAD_DIM // 2
@@ -212,60 +210,41 @@ def _paged_decode_kernel(
             acc / safe_l[:, None],
             mask=out_mask,
         )
-        # the last of this (sequence, KV head)'s splits to finish combines them all (its acquire
-        # sees the others' partial results: each released them with its own increment) and
-        # puts the counter back to zero for the next call (a CUDA graph replays this one)
-        counter = counters_ptr + b * (NUM_HEADS // GROUP) + kv_head
-        done = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-        if done == num_splits - 1:
-            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")
-            offs_s = tl.arange(0, SPLITS_PAD)
-            first = (b * NUM_HEADS + heads) * num_splits
-            lse_all = tl.load(
-                part_lse_ptr + first[:, None] + offs_s[None, :],
-                mask=g_mask[:, None] & (offs_s < num_splits)[None, :],
-                other=float("-inf"),
-                cache_modifier=".cg",
-            )
-            # split 0 always holds keys, so each real head's max is finite
-            top = tl.max(lse_all, 1)
-            top = tl.where(g_mask, top, 0.0)
-            weight = tl.exp2(lse_all - top[:, None])
-            total = tl.sum(weight, 1)
-            weight = weight / tl.where(g_mask, total, 1.0)[:, None]
-            o = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
-            for other in range(0, num_splits):
-                w_s = tl.sum(tl.where(offs_s[None, :] == other, weight, 0.0), 1)
-                part_s = tl.load(
-                    part_out_ptr + (first + other)[:, None] * HEAD_DIM + offs_d[None, :],
-                    mask=out_mask,
-                    other=0.0,
-                    cache_modifier=".cg",
-                )
-                o += part_s * w_s[:, None]
-            tl.store(
-                out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-                o.to(out_ptr.dtype.element_ty),
-                mask=out_mask,
-            )
 
 
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-_OUTGROWN: list[torch.Tensor] = []  # replaced buffers: graphs captured with them still read them
-
-
-def split_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 counters, one per (sequence, KV head), that the decode kernel's splits count
-    themselves done on and leave at zero. One buffer per device, made on first use (outside any
-    capture: its size covers every batch the engine captures) and grown if a call needs more;
-    the decode calls of one device run one after another on its stream."""
-    buf = _COUNTERS.get(device)
-    if buf is None or buf.numel() < n:
-        if buf is not None:
-            _OUTGROWN.append(buf)
-        buf = torch.zeros(max(n, 1 << 14), dtype=torch.int32, device=device)
-        _COUNTERS[device] = buf
-    return buf
+@triton.jit
+def _combine_splits_kernel(
+    part_out_ptr,  # [B, H, num_splits, D] float32
+    part_lse_ptr,  # [B, H, num_splits]
+    out_ptr,  # [B, H, D]
+    num_splits,
+    stride_ob,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, DIM_PAD)
+    s_mask = offs_s < num_splits
+    base = (b * NUM_HEADS + h) * num_splits
+    lse = tl.load(part_lse_ptr + base + offs_s, mask=s_mask, other=float("-inf"))
+    weight = tl.exp2(lse - tl.max(lse, 0))  # split 0 always holds keys, so the max is finite
+    weight = weight / tl.sum(weight, 0)
+    parts = tl.load(
+        part_out_ptr + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :],
+        mask=s_mask[:, None] & (offs_d < HEAD_DIM)[None, :],
+        other=0.0,
+    )
+    out = tl.sum(parts * weight[:, None], 0)
+    tl.store(
+        out_ptr + b * stride_ob + h * stride_oh + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
+    )
 
 
 @functools.cache
@@ -349,9 +328,8 @@ def _decode(q_BHD, k_cache, v_cache, block_tables_BP, context_lens_B, scale, num
     if num_splits > 1:
         part_out = torch.empty((B, H, num_splits, D), dtype=torch.float32, device=q_BHD.device)
         part_lse = torch.empty((B, H, num_splits), dtype=torch.float32, device=q_BHD.device)
-        counters = split_counters(q_BHD.device, B * K)
     else:
-        part_out = part_lse = counters = out  # unused
+        part_out = part_lse = out  # unused
     if rope is None:  # the ROPE arguments are not read: any tensor, stride 0
         k_new = v_new = cos = sin = slots = context_lens_B
         rope_strides = (0,) * 6
@@ -371,7 +349,6 @@ def _decode(q_BHD, k_cache, v_cache, block_tables_BP, context_lens_B, scale, num
         out,
         part_out,
         part_lse,
-        counters,
         scale * math.log2(math.e),
         num_splits,
         q_BHD.stride(0),
@@ -399,13 +376,26 @@ def _decode(q_BHD, k_cache, v_cache, block_tables_BP, context_lens_B, scale, num
         BLOCK_SIZE=block_size,
         TILE=max(16, cfg["tile"]),
         SPLIT=num_splits > 1,
-        SPLITS_PAD=triton.next_power_of_2(MAX_SPLITS),
         DOT_PRECISION="ieee" if q_BHD.dtype == torch.float32 else "tf32",
         ROPE=rope is not None,
         HALF=D // 2,
         num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
+    if num_splits > 1:
+        _combine_splits_kernel[(B, H)](
+            part_out,
+            part_lse,
+            out,
+            num_splits,
+            out.stride(0),
+            out.stride(1),
+            NUM_HEADS=H,
+            HEAD_DIM=D,
+            DIM_PAD=max(16, triton.next_power_of_2(D)),
+            SPLITS_PAD=triton.next_power_of_2(MAX_SPLITS),
+            num_warps=1 if D <= 64 else 2,
+        )
     return out
 
 
