@@ -9,36 +9,28 @@ small batches still fill the GPU. A split covers whole pages of `cdiv(pages, spl
 per sequence from its context length inside the kernel: one launch configuration serves any
 lengths, which is what CUDA graphs need.
 
-`rope_write_kv` applies RoPE to q and k in place and writes the new K/V into the pool by slot
-(slot -1: skip), one launch per layer instead of a dozen small ones. A decode step with heads up
-to 64 wide (`rope_fits`) folds it into the attention kernel (`paged_decode_rope`, the backend's
+`rope_write_kv` (`triton_ops`) applies RoPE to q and k in place and writes the new K/V into the
+pool by slot (slot -1: skip), one launch per layer. A decode step with heads up to 64 wide (`rope_fits`) folds it into the attention kernel (`paged_decode_rope`, the backend's
 `decode_rope`): each program rotates its q heads in registers, and the program whose split holds
 the sequence's last position rotates the new key, writes the new K/V to the pool for the later
 steps and takes that key into its softmax from registers, so no kernel reads the pool before the
 write is done. Prefill keeps the two.
 
-Prefill goes through `torch.nn.attention.varlen.varlen_attn` (flash, packed, causal per sequence)
-when no sequence has a cached prefix and the dtype is bf16/fp16; otherwise through the reference
-SDPA loop.
+Prefill goes through `engine.varlen.prefill_varlen` (torch's packed flash kernel where it can).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import warnings
 
 import torch
 import triton
 import triton.language as tl
 
-from reinforge.engine.attention import (
-    AttentionBackend,
-    AttentionMetadata,
-    prefill_sdpa,
-    write_kv_index_copy,
-)
-from reinforge.engine.varlen import torch_varlen_attn, varlen_options
+from reinforge.engine.attention import AttentionBackend, AttentionMetadata, write_kv_index_copy
+from reinforge.engine.triton_ops import rope_write_kv
+from reinforge.engine.varlen import prefill_varlen
 
 # Tunables of the decode kernel (the bench may override them): tokens per inner iteration,
 # warps per program, software-pipelining depth, and how many programs per SM the split count aims
@@ -397,180 +389,6 @@ def _decode(q_BHD, k_cache, v_cache, block_tables_BP, context_lens_B, scale, num
             num_warps=1 if D <= 64 else 2,
         )
     return out
-
-
-@triton.jit
-def _rope_write_kv_kernel(
-    q_ptr,  # [T, H, D], rotated in place
-    k_ptr,  # [T, K, D], rotated in place
-    v_ptr,  # [T, K, D]
-    cos_ptr,  # [T, D]
-    sin_ptr,
-    slots_ptr,  # [T] flat pool slot, -1: do not write
-    k_cache_ptr,  # [pages * block_size, K, D] (flat slots)
-    v_cache_ptr,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_ct,
-    stride_st,
-    stride_cache_slot,
-    stride_cache_head,
-    NUM_HEADS: tl.constexpr,
-    NUM_KV_HEADS: tl.constexpr,
-    HEADS_PAD: tl.constexpr,
-    KV_HEADS_PAD: tl.constexpr,
-    HALF: tl.constexpr,
-    HALF_PAD: tl.constexpr,
-):
-    t = tl.program_id(0).to(tl.int64)
-    offs = tl.arange(0, HALF_PAD)
-    d_mask = offs < HALF
-    cos1 = tl.load(cos_ptr + t * stride_ct + offs, mask=d_mask, other=0.0).to(tl.float32)
-    cos2 = tl.load(cos_ptr + t * stride_ct + HALF + offs, mask=d_mask, other=0.0).to(tl.float32)
-    sin1 = tl.load(sin_ptr + t * stride_st + offs, mask=d_mask, other=0.0).to(tl.float32)
-    sin2 = tl.load(sin_ptr + t * stride_st + HALF + offs, mask=d_mask, other=0.0).to(tl.float32)
-
-    heads = tl.arange(0, HEADS_PAD)
-    mask = (heads < NUM_HEADS)[:, None] & d_mask[None, :]
-    q_row = q_ptr + t * stride_qt + heads[:, None] * stride_qh + offs[None, :]
-    x1 = tl.load(q_row, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(q_row + HALF, mask=mask, other=0.0).to(tl.float32)
-    tl.store(q_row, (x1 * cos1 - x2 * sin1).to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(q_row + HALF, (x2 * cos2 + x1 * sin2).to(q_ptr.dtype.element_ty), mask=mask)
-
-    kv_heads = tl.arange(0, KV_HEADS_PAD)
-    kv_mask = (kv_heads < NUM_KV_HEADS)[:, None] & d_mask[None, :]
-    k_row = k_ptr + t * stride_kt + kv_heads[:, None] * stride_kh + offs[None, :]
-    x1 = tl.load(k_row, mask=kv_mask, other=0.0).to(tl.float32)
-    x2 = tl.load(k_row + HALF, mask=kv_mask, other=0.0).to(tl.float32)
-    k1 = (x1 * cos1 - x2 * sin1).to(k_ptr.dtype.element_ty)
-    k2 = (x2 * cos2 + x1 * sin2).to(k_ptr.dtype.element_ty)
-    tl.store(k_row, k1, mask=kv_mask)
-    tl.store(k_row + HALF, k2, mask=kv_mask)
-
-    slot = tl.load(slots_ptr + t).to(tl.int64)
-    write_mask = kv_mask & (slot >= 0)
-    cache_off = slot * stride_cache_slot + kv_heads[:, None] * stride_cache_head + offs[None, :]
-    tl.store(k_cache_ptr + cache_off, k1.to(k_cache_ptr.dtype.element_ty), mask=write_mask)
-    tl.store(k_cache_ptr + cache_off + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=write_mask)
-    v_row = v_ptr + t * stride_vt + kv_heads[:, None] * stride_vh + offs[None, :]
-    v1 = tl.load(v_row, mask=kv_mask, other=0.0)
-    v2 = tl.load(v_row + HALF, mask=kv_mask, other=0.0)
-    tl.store(v_cache_ptr + cache_off, v1.to(v_cache_ptr.dtype.element_ty), mask=write_mask)
-    tl.store(v_cache_ptr + cache_off + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=write_mask)
-
-
-def rope_write_kv(
-    q_THD: torch.Tensor,
-    k_TKD: torch.Tensor,
-    v_TKD: torch.Tensor,
-    cos_TD: torch.Tensor,
-    sin_TD: torch.Tensor,
-    k_cache: torch.Tensor,  # [pages, block_size, K, D]
-    v_cache: torch.Tensor,
-    slot_mapping_T: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE (transformers' rotate-half convention) on q and k in place, then K/V into the pool."""
-    T, H, D = q_THD.shape
-    K = k_TKD.shape[1]
-    assert D % 2 == 0 and k_cache.is_contiguous() and v_cache.is_contiguous()
-    assert q_THD.stride(-1) == k_TKD.stride(-1) == v_TKD.stride(-1) == 1
-    assert cos_TD.stride(-1) == sin_TD.stride(-1) == 1
-    if T == 0:
-        return q_THD, k_TKD
-    k_flat = k_cache.view(-1, K, D)
-    v_flat = v_cache.view(-1, K, D)
-    _rope_write_kv_kernel[(T,)](
-        q_THD,
-        k_TKD,
-        v_TKD,
-        cos_TD,
-        sin_TD,
-        slot_mapping_T,
-        k_flat,
-        v_flat,
-        q_THD.stride(0),
-        q_THD.stride(1),
-        k_TKD.stride(0),
-        k_TKD.stride(1),
-        v_TKD.stride(0),
-        v_TKD.stride(1),
-        cos_TD.stride(0),
-        sin_TD.stride(0),
-        k_flat.stride(0),
-        k_flat.stride(1),
-        NUM_HEADS=H,
-        NUM_KV_HEADS=K,
-        HEADS_PAD=triton.next_power_of_2(H),
-        KV_HEADS_PAD=triton.next_power_of_2(K),
-        HALF=D // 2,
-        HALF_PAD=triton.next_power_of_2(D // 2),
-        num_warps=2 if H * D <= 2048 else 4,
-    )
-    return q_THD, k_TKD
-
-
-def varlen_causal(q_THD, k_TKD, v_TKD, cu_seqlens: torch.Tensor, max_len: int, scale: float):
-    """torch's packed flash attention, causal within each sequence. Its keyword names moved
-    between torch releases (`is_causal` in 2.10, `window_size` later): read off its signature."""
-    options = varlen_options()
-    kwargs: dict = {}
-    if "window_size" in options:
-        kwargs["window_size"] = (-1, 0)
-    else:
-        kwargs["is_causal"] = True
-    if q_THD.shape[1] != k_TKD.shape[1]:
-        if "enable_gqa" in options:
-            kwargs["enable_gqa"] = True
-        else:
-            repeats = q_THD.shape[1] // k_TKD.shape[1]
-            k_TKD = k_TKD.repeat_interleave(repeats, dim=1)
-            v_TKD = v_TKD.repeat_interleave(repeats, dim=1)
-    if "scale" in options:
-        kwargs["scale"] = scale
-    else:
-        assert math.isclose(scale, q_THD.shape[-1] ** -0.5), "varlen_attn has no scale argument"
-    return torch_varlen_attn()(
-        q_THD.contiguous(),
-        k_TKD.contiguous(),
-        v_TKD.contiguous(),
-        cu_seqlens,
-        cu_seqlens,
-        max_len,
-        max_len,
-        **kwargs,
-    )
-
-
-def prefill_varlen(q_THD, k_TKD, v_TKD, k_cache, v_cache, meta: AttentionMetadata, scale: float):
-    """Packed causal prefill when every sequence computes its whole context this step (no cached
-    prefix) and flash can take the dtype; the reference SDPA loop otherwise."""
-    global _varlen_broken
-    no_prefix = all(q == c for q, c in zip(meta.query_lens, meta.context_lens_host))
-    if (
-        no_prefix
-        and not _varlen_broken
-        and meta.cu_seqlens is not None
-        and q_THD.dtype in (torch.bfloat16, torch.float16)
-        and torch_varlen_attn() is not None
-    ):
-        max_len = max(meta.query_lens)
-        try:
-            return varlen_causal(q_THD, k_TKD, v_TKD, meta.cu_seqlens, max_len, scale)
-        except (RuntimeError, TypeError) as error:  # its API moved between torch releases
-            _varlen_broken = True
-            warnings.warn(
-                f"varlen_attn failed ({error}); prefill uses the SDPA loop from now on",
-                stacklevel=2,
-            )
-    return prefill_sdpa(q_THD, k_TKD, v_TKD, k_cache, v_cache, meta, scale)
-
-
-_varlen_broken = False
 
 
 def decode_triton(q_BHD, k_cache, v_cache, meta: AttentionMetadata, scale: float):

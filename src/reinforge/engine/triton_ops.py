@@ -5,6 +5,10 @@ scaled in the model dtype, SiLU rounded before the product), so it changes launc
 numbers. On a 0.5B model at batch 256, the unfused norm, residual and activation cost about 20
 tiny kernels per layer: more time than the matrix products.
 
+`rope_write_kv`: RoPE on q and k and the new K/V written to the paged pool, one launch a layer
+(a decode step with heads up to 64 wide runs it inside the attention kernel instead:
+`triton_attention.paged_decode_rope`).
+
 The on-device samplers: `triton_sampling`.
 """
 
@@ -99,3 +103,118 @@ def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
             gate, up, out, n, gate.stride(0), up.stride(0), BLOCK=BLOCK, num_warps=4
         )
     return out
+
+
+@triton.jit
+def _rope_write_kv_kernel(
+    q_ptr,  # [T, H, D], rotated in place
+    k_ptr,  # [T, K, D], rotated in place
+    v_ptr,  # [T, K, D]
+    cos_ptr,  # [T, D]
+    sin_ptr,
+    slots_ptr,  # [T] flat pool slot, -1: do not write
+    k_cache_ptr,  # [pages * block_size, K, D] (flat slots)
+    v_cache_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ct,
+    stride_st,
+    stride_cache_slot,
+    stride_cache_head,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEADS_PAD: tl.constexpr,
+    KV_HEADS_PAD: tl.constexpr,
+    HALF: tl.constexpr,
+    HALF_PAD: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, HALF_PAD)
+    d_mask = offs < HALF
+    cos1 = tl.load(cos_ptr + t * stride_ct + offs, mask=d_mask, other=0.0).to(tl.float32)
+    cos2 = tl.load(cos_ptr + t * stride_ct + HALF + offs, mask=d_mask, other=0.0).to(tl.float32)
+    sin1 = tl.load(sin_ptr + t * stride_st + offs, mask=d_mask, other=0.0).to(tl.float32)
+    sin2 = tl.load(sin_ptr + t * stride_st + HALF + offs, mask=d_mask, other=0.0).to(tl.float32)
+
+    heads = tl.arange(0, HEADS_PAD)
+    mask = (heads < NUM_HEADS)[:, None] & d_mask[None, :]
+    q_row = q_ptr + t * stride_qt + heads[:, None] * stride_qh + offs[None, :]
+    x1 = tl.load(q_row, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(q_row + HALF, mask=mask, other=0.0).to(tl.float32)
+    tl.store(q_row, (x1 * cos1 - x2 * sin1).to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(q_row + HALF, (x2 * cos2 + x1 * sin2).to(q_ptr.dtype.element_ty), mask=mask)
+
+    kv_heads = tl.arange(0, KV_HEADS_PAD)
+    kv_mask = (kv_heads < NUM_KV_HEADS)[:, None] & d_mask[None, :]
+    k_row = k_ptr + t * stride_kt + kv_heads[:, None] * stride_kh + offs[None, :]
+    x1 = tl.load(k_row, mask=kv_mask, other=0.0).to(tl.float32)
+    x2 = tl.load(k_row + HALF, mask=kv_mask, other=0.0).to(tl.float32)
+    k1 = (x1 * cos1 - x2 * sin1).to(k_ptr.dtype.element_ty)
+    k2 = (x2 * cos2 + x1 * sin2).to(k_ptr.dtype.element_ty)
+    tl.store(k_row, k1, mask=kv_mask)
+    tl.store(k_row + HALF, k2, mask=kv_mask)
+
+    slot = tl.load(slots_ptr + t).to(tl.int64)
+    write_mask = kv_mask & (slot >= 0)
+    cache_off = slot * stride_cache_slot + kv_heads[:, None] * stride_cache_head + offs[None, :]
+    tl.store(k_cache_ptr + cache_off, k1.to(k_cache_ptr.dtype.element_ty), mask=write_mask)
+    tl.store(k_cache_ptr + cache_off + HALF, k2.to(k_cache_ptr.dtype.element_ty), mask=write_mask)
+    v_row = v_ptr + t * stride_vt + kv_heads[:, None] * stride_vh + offs[None, :]
+    v1 = tl.load(v_row, mask=kv_mask, other=0.0)
+    v2 = tl.load(v_row + HALF, mask=kv_mask, other=0.0)
+    tl.store(v_cache_ptr + cache_off, v1.to(v_cache_ptr.dtype.element_ty), mask=write_mask)
+    tl.store(v_cache_ptr + cache_off + HALF, v2.to(v_cache_ptr.dtype.element_ty), mask=write_mask)
+
+
+def rope_write_kv(
+    q_THD: torch.Tensor,
+    k_TKD: torch.Tensor,
+    v_TKD: torch.Tensor,
+    cos_TD: torch.Tensor,
+    sin_TD: torch.Tensor,
+    k_cache: torch.Tensor,  # [pages, block_size, K, D]
+    v_cache: torch.Tensor,
+    slot_mapping_T: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE (transformers' rotate-half convention) on q and k in place, then K/V into the pool."""
+    T, H, D = q_THD.shape
+    K = k_TKD.shape[1]
+    assert D % 2 == 0 and k_cache.is_contiguous() and v_cache.is_contiguous()
+    assert q_THD.stride(-1) == k_TKD.stride(-1) == v_TKD.stride(-1) == 1
+    assert cos_TD.stride(-1) == sin_TD.stride(-1) == 1
+    if T == 0:
+        return q_THD, k_TKD
+    k_flat = k_cache.view(-1, K, D)
+    v_flat = v_cache.view(-1, K, D)
+    _rope_write_kv_kernel[(T,)](
+        q_THD,
+        k_TKD,
+        v_TKD,
+        cos_TD,
+        sin_TD,
+        slot_mapping_T,
+        k_flat,
+        v_flat,
+        q_THD.stride(0),
+        q_THD.stride(1),
+        k_TKD.stride(0),
+        k_TKD.stride(1),
+        v_TKD.stride(0),
+        v_TKD.stride(1),
+        cos_TD.stride(0),
+        sin_TD.stride(0),
+        k_flat.stride(0),
+        k_flat.stride(1),
+        NUM_HEADS=H,
+        NUM_KV_HEADS=K,
+        HEADS_PAD=triton.next_power_of_2(H),
+        KV_HEADS_PAD=triton.next_power_of_2(K),
+        HALF=D // 2,
+        HALF_PAD=triton.next_power_of_2(D // 2),
+        num_warps=2 if H * D <= 2048 else 4,
+    )
+    return q_THD, k_TKD
