@@ -10,7 +10,8 @@ per sequence from its context length inside the kernel: one launch configuration
 lengths, which is what CUDA graphs need.
 
 `rope_write_kv` (`triton_ops`) applies RoPE to q and k in place and writes the new K/V into the
-pool by slot (slot -1: skip), one launch per layer. A decode step with heads up to 64 wide (`rope_fits`) folds it into the attention kernel (`paged_decode_rope`, the backend's
+pool by slot (slot -1: skip), one launch per layer. A decode step with heads up to 64 wide
+(`rope_fits`) folds it into the attention kernel (`paged_decode_rope`, the backend's
 `decode_rope`): each program rotates its q heads in registers, and the program whose split holds
 the sequence's last position rotates the new key, writes the new K/V to the pool for the later
 steps and takes that key into its softmax from registers, so no kernel reads the pool before the
