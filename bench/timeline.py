@@ -4,6 +4,11 @@ its kernels and copies) against the step's wall time, per phase (rollout, update
 gaps by what ran before and after them (a bench tool; the trainer carries no profiling code).
 
     python bench/timeline.py STEP OUT_FILE train CONFIG [k=v ...]
+    python bench/timeline.py --cprofile STEP OUT_FILE train CONFIG [k=v ...]
+
+With --cprofile: the step's host work instead, under cProfile (functions by cumulative and by own
+time) and torch's sync debug mode (the calls that wait for the device, by stack), to find what
+the host does in the gaps; cProfile slows the host, so not both at once.
 
 A gap of the device between two kernels is host work the queue did not cover: a
 synchronization, a launch slower than the kernels it queues, or work on the host alone (reward,
@@ -17,7 +22,7 @@ import time
 from collections import defaultdict
 
 import torch
-from profile_train import at_step
+from profile_train import at_step, synchronizations
 
 import reinforge.rollout.sources as sources
 import reinforge.train.loop.rl as rl
@@ -130,8 +135,36 @@ def measured(out_file: str):
     return run
 
 
+def host_profiled(out_file: str):
+    def run(step_fn, args, kwargs):
+        import cProfile
+        import io
+        import pstats
+
+        profiler = cProfile.Profile()
+        with synchronizations() as syncs:
+            result = profiler.runcall(step_fn, *args, **kwargs)
+        text = io.StringIO()
+        text.write(f"synchronizing calls in the step: {sum(syncs.values())}\n")
+        for stack, count in sorted(syncs.items(), key=lambda kv: -kv[1])[:15]:
+            text.write(f"\n{count} x\n{stack}")
+        stats = pstats.Stats(profiler, stream=text)
+        stats.sort_stats("cumulative").print_stats(70)
+        stats.sort_stats("tottime").print_stats(40)
+        with open(out_file, "w") as f:
+            f.write(text.getvalue())
+        return result
+
+    return run
+
+
 if __name__ == "__main__":
-    step, out_file, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+    host = sys.argv[1] == "--cprofile"
+    argv = sys.argv[2:] if host else sys.argv[1:]
+    step, out_file, argv = int(argv[0]), argv[1], argv[2:]
+    if host:
+        rl.rl_step = at_step(rl.rl_step, step, host_profiled(out_file))
+        sys.exit(main(argv))
     rl.update_policy = marked(rl.update_policy, "update")
     rl.build_step_batch = marked(rl.build_step_batch, "step batch")
     sources.LocalRollouts.sample = marked(sources.LocalRollouts.sample, "rollout")
