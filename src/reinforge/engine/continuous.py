@@ -103,7 +103,7 @@ class ContinuousSession:
         still = []
         for request in self.admitted:
             if all(seq.is_finished for group in request.groups for seq in group):
-                request.done([[self.engine._completion(s) for s in g] for g in request.groups])
+                request.done(self.engine._completions(request.groups))
             else:
                 still.append(request)
         self.admitted = still

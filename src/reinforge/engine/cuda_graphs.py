@@ -235,7 +235,12 @@ class DecodeGraphs:
             keys[i] = key
         if index:
             assert len(seqs[0].block_table) <= width
-            update = torch.tensor([index, values], dtype=torch.long).to(self.tables.device)
+            # pinned and not waited for: a pageable copy waits for the device to drain the step
+            # launched ahead (G1: every 16th decode step, when every sequence takes a page)
+            update = torch.tensor([index, values], dtype=torch.long)
+            if self.tables.is_cuda:
+                update = update.pin_memory()
+            update = update.to(self.tables.device, non_blocking=True)
             self.tables.view(-1).index_copy_(0, update[0], update[1].to(torch.int32))
 
     def _capture(self, bucket: int) -> None:

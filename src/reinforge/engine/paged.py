@@ -19,6 +19,7 @@ import torch
 from reinforge.engine import moe
 from reinforge.engine.base import GenerationStats, SamplingParams
 from reinforge.engine.block_manager import BlockManager, pages_to_run_at_once
+from reinforge.engine.detokenize import decode_many
 from reinforge.engine.lora_merge import merged_bytes, resolve_mode
 from reinforge.engine.model_runner import LaunchedStep, ModelRunner
 from reinforge.engine.pool_size import (
@@ -168,7 +169,7 @@ class PagedEngine:
         timers.capture = self.runner.graph_capture_seconds - capture_before
         self.totals["gen_graph_capture_s"] += timers.capture
         self._record_stats(groups, scheduler, start, timers)
-        completions = [[self._completion(seq) for seq in group] for group in groups]
+        completions = self._completions(groups)
         self.totals["gen_engine_s"] += time.perf_counter() - start
         return completions
 
@@ -267,13 +268,27 @@ class PagedEngine:
         tail = self.tokenizer.decode(seq.output_ids[-32:], skip_special_tokens=False)
         return any(s in tail for s in stops)
 
-    def _completion(self, seq: Sequence) -> Completion:
+    def _completions(self, groups: list[list[Sequence]]) -> list[list[Completion]]:
+        """The finished groups' completions, their texts decoded in one call (`decode_many`)."""
+        texts = iter(
+            decode_many(
+                self.tokenizer,
+                [seq.output_ids for group in groups for seq in group],
+                skip_special_tokens=True,
+            )
+        )
+        return [[self._completion(seq, next(texts)) for seq in group] for group in groups]
+
+    def _completion(self, seq: Sequence, text: str | None = None) -> Completion:
+        """`seq`'s completion; `text`: its ids decoded already (`_completions`)."""
         assert seq.is_finished and seq.finish_reason is not None
+        if text is None:
+            text = self.tokenizer.decode(seq.output_ids, skip_special_tokens=True)
         return Completion(
             token_ids=seq.output_ids,
             logprobs=seq.logprobs,
             finish_reason=seq.finish_reason,
-            text=self.tokenizer.decode(seq.output_ids, skip_special_tokens=True),
+            text=text,
             # every position whose output predicts a sampled token (the last token's, never fed
             # back, is left out)
             routes=None if seq.routes is None else seq.routes.prefix(seq.num_tokens - 1),

@@ -12,6 +12,7 @@ import time
 import torch
 
 from reinforge.engine.base import GenerationStats, SamplingParams
+from reinforge.engine.detokenize import decode_many
 from reinforge.engine.sampling import sample
 from reinforge.types import Completion
 
@@ -111,12 +112,13 @@ class SimpleEngine:
             step_ids = ids[:, None]
             step_pos = step_pos[:, -1:] + 1
             mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=device)], dim=1)
+        texts = decode_many(self.tokenizer, out_ids, skip_special_tokens=True)
         return [
             Completion(
                 token_ids=out_ids[r],
                 logprobs=out_lps[r],
                 finish_reason=reasons[r],
-                text=self.tokenizer.decode(out_ids[r], skip_special_tokens=True),
+                text=texts[r],
             )
             for r in range(B)
         ]

@@ -16,8 +16,11 @@ Order within a step (docs/algorithms.md, "Wiring into the loop"):
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from reinforge.algorithms.advantages import (
@@ -34,6 +37,7 @@ from reinforge.algorithms.presets import ADVANTAGES, POLICY_LOSSES
 from reinforge.config import AlgorithmSection
 from reinforge.distributed import gather_rows, rank, sum_over_ranks, world_size
 from reinforge.rollout.branching import shared_token_advantages
+from reinforge.train.packing import to_device
 from reinforge.types import Group, Trajectory
 
 
@@ -75,11 +79,13 @@ def build_step_batch(groups: list[Group], a: AlgorithmSection, device) -> StepBa
     trajs = [t for g in groups for t in g.trajectories]
     group_sizes = [len(g.trajectories) for g in groups]
     assert trajs and min(group_sizes) >= 1, f"a step of empty groups: sizes {group_sizes}"
-    sampler_BT = to_rows([t.completion.logprobs for t in trajs], device)
-    mask_BT = to_rows([loss_mask(t) for t in trajs], device)
+    # built and counted on the host, then sent without waiting (the device is idle here: every
+    # millisecond of host work is a millisecond of the step)
+    sampler_BT = to_rows([t.completion.logprobs for t in trajs])
+    mask_BT = to_rows([loss_mask(t) for t in trajs])
     if a.mask_truncated:
         mask_BT = mask_truncated(mask_BT, [t.completion.finish_reason for t in trajs])
-    batch = StepBatch(trajs, group_sizes, mask_BT, sampler_BT)
+    batch = StepBatch(trajs, group_sizes, to_device(mask_BT, device), to_device(sampler_BT, device))
     # The losses divide by the step's counts; in a distributed run, the global step's.
     batch.num_tokens = sum_over_ranks(float(mask_BT.sum()))
     if a.seq_count == "all":  # TRL: every row counts, an empty one adds 0 to the sum
@@ -89,22 +95,36 @@ def build_step_batch(groups: list[Group], a: AlgorithmSection, device) -> StepBa
     return batch
 
 
-def loss_mask(traj: Trajectory) -> list[float]:
+def select_rows(step_B: torch.Tensor, idx: list[int], width: int | None = None) -> torch.Tensor:
+    """Rows `idx` of a step tensor ([B] or [B, T]; the first `width` columns when given), the
+    index sent without waiting: indexing a GPU tensor with a list copies the list from pageable
+    memory, which waits for the device (G1, session 25: the GPU idled once per micro-batch)."""
+    index = to_device(torch.tensor(idx, dtype=torch.long), step_B.device)
+    rows = step_B.index_select(0, index)
+    return rows if width is None else rows[:, :width]
+
+
+def loss_mask(traj: Trajectory) -> Sequence[float]:
     """1 for each completion id the sampler produced, 0 for env ids inside a multi-turn episode
     (tool outputs, game boards: the model never chose them, so they carry no loss and no KL)."""
     c = traj.completion
     if c.loss_mask is None:
-        return [1.0] * len(c.token_ids)
+        return np.ones(len(c.token_ids), dtype=np.float32)
     assert len(c.loss_mask) == len(c.token_ids) == len(c.logprobs), "mask and ids out of step"
-    return [float(m) for m in c.loss_mask]
+    return c.loss_mask
 
 
-def to_rows(values: list[list[float]], device) -> torch.Tensor:
-    """Ragged per-token lists as left-aligned rows [B, T], zeros past each end."""
-    rows_BT = torch.zeros(len(values), max(map(len, values)), dtype=torch.float32)
-    for b, row in enumerate(values):
-        rows_BT[b, : len(row)] = torch.tensor(row, dtype=torch.float32)
-    return rows_BT.to(device)
+def to_rows(values: Sequence[Sequence[float]]) -> torch.Tensor:
+    """Ragged per-token values as left-aligned float32 rows [B, T] (CPU), zeros past each end:
+    one conversion of all of them (G1's 256 x 512 on this project's 2-core CPU: 4 ms; a tensor
+    per row took 19-22)."""
+    lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
+    rows_BT = np.zeros((len(values), int(lengths.max(initial=0))), dtype=np.float32)
+    flat = np.fromiter(
+        itertools.chain.from_iterable(values), dtype=np.float32, count=int(lengths.sum())
+    )
+    rows_BT[np.arange(rows_BT.shape[1])[None, :] < lengths[:, None]] = flat  # row by row
+    return torch.from_numpy(rows_BT)
 
 
 # --------------------------------------------------------------------------------- estimators

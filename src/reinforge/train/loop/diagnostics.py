@@ -50,6 +50,7 @@ from reinforge.algorithms.losses import MAX_LOG_RATIO, LossInputs, PolicyLossSet
 from reinforge.distributed import gather_objects
 from reinforge.eval import EvalResult, evaluate
 from reinforge.eval.metrics import pass_at_k
+from reinforge.train.loop.advantage_step import select_rows
 from reinforge.train.packing.forward import completion_rows
 
 # sequences re-scored after each update to measure its size (G1: 32 x 512 tokens; 64 cost ~0.1 s
@@ -153,13 +154,13 @@ def measure_policy_change(cfg, learner, batch, micro_batches: list[list[int]]) -
     width, device = rows.logprobs_ST.shape[1], rows.logprobs_ST.device
     advantages = batch.advantages
     assert advantages is not None, "advantages are assigned before the update"
-    adv = advantages[idx] if advantages.dim() == 1 else advantages[idx, :width]
+    adv = select_rows(advantages, idx, None if advantages.dim() == 1 else width)
     s = learner.algorithm.settings
     return policy_change(
         rows.logprobs_ST,
-        batch.sampler_BT[idx, :width].to(device),
+        select_rows(batch.sampler_BT, idx, width).to(device),
         adv.to(device),
-        batch.mask_BT[idx, :width].to(device),
+        select_rows(batch.mask_BT, idx, width).to(device),
         s.clip_low,
         s.clip_high,
     )

@@ -26,7 +26,7 @@ from reinforge.config import TrainConfig
 from reinforge.distributed import loss_scale, reduce_metrics
 from reinforge.metrics import console
 from reinforge.sharding import accumulation, clip_grad_norm, in_lockstep
-from reinforge.train.loop.advantage_step import StepBatch
+from reinforge.train.loop.advantage_step import StepBatch, select_rows
 from reinforge.train.loop.diagnostics import clip_fractions, measure_policy_change
 from reinforge.train.loop.graphs import (
     UpdateGraph,
@@ -243,14 +243,14 @@ def micro_data(
     width = packed.rows_index_ST.shape[1]
 
     def take(step_BT: torch.Tensor | None) -> torch.Tensor | None:
-        return None if step_BT is None else step_BT[idx, :width]
+        return None if step_BT is None else select_rows(step_BT, idx, width)
 
     advantages = batch.advantages
     assert advantages is not None, "advantages are assigned before the update"
     rows = {
         "mask_ST": take(batch.mask_BT),
         "sampler_ST": take(batch.sampler_BT),
-        "advantages": advantages[idx] if advantages.dim() == 1 else take(advantages),
+        "advantages": select_rows(advantages, idx) if advantages.dim() == 1 else take(advantages),
         "ref_ST": take(batch.ref_BT),
         "old_values_ST": take(batch.old_values_BT),
         "returns_ST": take(batch.returns_BT),
