@@ -103,3 +103,44 @@ def test_requests_that_cannot_fit_are_refused_at_add():
     scheduler.add([Sequence([1] * 16, SamplingParams(max_new_tokens=1))])  # exactly fits
     with pytest.raises(ValueError, match="max_num_seqs"):
         scheduler.add([Sequence([1], SamplingParams(n=5)) for _ in range(5)])
+
+
+def test_a_decode_chosen_ahead_names_the_rows_whose_page_tables_changed():
+    """The overlapped loop (`PagedEngine.generate`): each decode chosen ahead names the rows
+    whose sequence took or copied a page for it; every other row's page table is the one the
+    step before ran with (the decode graphs then check and send only the rows named)."""
+    params = SamplingParams(max_new_tokens=13, n=3, temperature=1.0)
+    scheduler = Scheduler(BlockManager(64, 4), 64, 64)
+    for g, prompt in enumerate(PROMPTS):
+        scheduler.add(
+            [Sequence(list(prompt), params, group_id=g, sample_index=k) for k in range(3)]
+        )
+    inflight = scheduler.schedule()
+    scheduler.launched(inflight)
+    tables = [list(seq.block_table) for seq in inflight.seqs]
+    named = Counter()
+    while True:
+        ahead = None if inflight.is_prefill else scheduler.schedule_next_decode()
+        if ahead is not None:
+            scheduler.launched(ahead)
+            assert [s.seq_id for s in ahead.seqs] == [s.seq_id for s in inflight.seqs]
+            rows = ahead.grown_rows
+            assert rows is not None
+            changed = [i for i, seq in enumerate(ahead.seqs) if seq.block_table != tables[i]]
+            assert set(changed) <= set(rows), "a table changed in a row not named"
+            assert all(
+                len(ahead.seqs[i].block_table) > len(tables[i]) or ahead.block_copies for i in rows
+            )
+            named[bool(rows)] += 1
+        tokens = [next_token(seq) for seq in inflight.seqs]
+        scheduler.commit(inflight, tokens, [0.0] * len(tokens), finish_at_length)
+        if ahead is None:
+            if scheduler.is_finished():
+                break
+            ahead = scheduler.schedule()
+            assert ahead.grown_rows is None  # chosen after the commit: not known
+            scheduler.launched(ahead)
+        inflight = ahead
+        tables = [list(seq.block_table) for seq in inflight.seqs]
+    assert named[True] > 0 and named[False] > 0  # steps with and without a new page
+    assert scheduler.block_manager.num_free_blocks == 64

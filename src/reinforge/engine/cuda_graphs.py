@@ -19,6 +19,7 @@ Padded rows attend to one token of page 0 and write no K/V (slot -1); their logi
 from __future__ import annotations
 
 import bisect
+import operator
 import threading
 import time
 from typing import Any
@@ -148,6 +149,8 @@ class DecodeGraphs:
         )
         # what each row of `tables` holds: (seq_id, number of pages, last page)
         self.table_keys: list[tuple[int, int, int] | None] = [None] * self.max_batch_size
+        # the sequences of the last replay, row by row (None: unknown, e.g. after an eager step)
+        self.last_seqs: list[Sequence] | None = None
         vocab = runner.model.lm_head.weight.shape[0]
         # the logits rows every replay writes: the runner's, beside a KV pool in a shared mempool
         # (`ModelRunner.logits_area`, at the same address whenever the pool is), else our own
@@ -185,10 +188,18 @@ class DecodeGraphs:
             self.pool = None
             self.capture_key = key
 
-    def run(self, seqs: list[Sequence], prev_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def run(
+        self,
+        seqs: list[Sequence],
+        prev_ids: torch.Tensor | None = None,
+        grown_rows: list[int] | None = None,
+    ) -> torch.Tensor:
         """Replays the decode step of `seqs`; returns their logits [len(seqs), vocab] (a view of
         the shared buffer, valid until the next replay). `prev_ids`: the input tokens, on the
-        device (the previous step's samples, not read back yet)."""
+        device (the previous step's samples, not read back yet). `grown_rows`: the only rows
+        whose page table may have changed (`Batch.grown_rows`); with the same sequences in the
+        same rows as the last replay, only these are checked (checking all 256 rows cost ~40 us
+        of a slow host's decode step)."""
         n = len(seqs)
         bucket = self.buckets[bisect.bisect_left(self.buckets, n)]
         if bucket not in self.graphs:  # captured on first use: a step often needs one or two
@@ -204,7 +215,9 @@ class DecodeGraphs:
         self.rows.copy_(rows_host, non_blocking=True)
         if prev_ids is not None:
             self.rows[IDS, :n].copy_(prev_ids)
-        self._update_tables(seqs)
+        last, self.last_seqs = self.last_seqs, seqs
+        same_rows = last is not None and len(last) == n and all(map(operator.is_, seqs, last))
+        self._update_tables(seqs, grown_rows if same_rows else None)
         self.graphs[bucket].replay()
         return self.logits[:n]
 
@@ -212,17 +225,21 @@ class DecodeGraphs:
         return self.rows[field, :n]
 
     def forget_tables(self) -> None:
-        """After a prefill: pages were (re)allocated, so every row is sent again."""
+        """After a prefill or an eager decode: pages were (re)allocated, so every row is sent
+        again."""
         self.table_keys = [None] * self.max_batch_size
+        self.last_seqs = None
 
-    def _update_tables(self, seqs: list[Sequence]) -> None:
+    def _update_tables(self, seqs: list[Sequence], rows: list[int] | None = None) -> None:
         """Send only the page-table entries that changed since the last step: a new page, a
-        copy-on-write of the last page, or a row now holding another sequence."""
+        copy-on-write of the last page, or a row now holding another sequence. `rows`: the only
+        rows that may have changed (None: any)."""
         index: list[int] = []
         values: list[int] = []
         width = self.runner.max_pages
         keys = self.table_keys
-        for i, seq in enumerate(seqs):
+        for i in range(len(seqs)) if rows is None else rows:
+            seq = seqs[i]
             table = seq.block_table
             key = (seq.seq_id, len(table), table[-1])
             old = keys[i]

@@ -140,6 +140,10 @@ class ModelRunner:
         self._graph_logits = False  # the last decode's logits came from a graph replay
         self._host_results: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._num_fetches = 0
+        # whether any sequence ever asked for the sampler's entropies (`Sequence.entropy_window`,
+        # a session's): until one does, a step does not check each sequence's window (~40 us of
+        # host work a decode step at 256 sequences)
+        self.entropy_requested = False
         self.max_model_len = 0
         self.rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.ensure_max_len(getattr(model.config, "max_position_embeddings", 0) or 4096)
@@ -294,7 +298,9 @@ class ModelRunner:
         routes = self._routes_to_host()  # queued before `_fetch`'s event
         step = LaunchedStep(batch, ids, *self._fetch(ids, logprobs))
         step.routes, step.route_spans = routes, spans
-        if any(seq.num_output_tokens < seq.entropy_window for seq in batch.seqs):
+        if self.entropy_requested and any(
+            seq.num_output_tokens < seq.entropy_window for seq in batch.seqs
+        ):
             step.entropies = self.entropy(batch, logits, params.temperature)
         return step
 
@@ -322,10 +328,12 @@ class ModelRunner:
                 self.graphs.forget_tables()
             elif self.graphs.fits(len(leaders)):
                 self._graph_logits = True
-                logits = self.graphs.run(leaders, prev_ids)
+                logits = self.graphs.run(leaders, prev_ids, batch.grown_rows)
                 routes = self.graphs.routes
                 self.last_routes = None if routes is None else routes[: len(leaders)]
                 return logits
+        if self.graphs is not None:  # an eager step: the next replay checks every row's table
+            self.graphs.last_seqs = None
         if batch.is_prefill:
             input_ids, positions, meta, logits_indices = self._prepare_prefill(leaders)
         else:

@@ -39,6 +39,11 @@ class Batch:
     is_prefill: bool
     groups: list[list[Sequence]]
     block_copies: list[tuple[int, int]] = field(default_factory=list)  # (source, dest) pages
+    # a decode chosen ahead (`schedule_next_decode`): the rows (indices into `groups`) of the
+    # sequences that took or copied a page for this step; every other sequence's page table is
+    # as the step before left it (`cuda_graphs.DecodeGraphs.run` then sends only these rows).
+    # None: not known (check every row).
+    grown_rows: list[int] | None = None
 
     @functools.cached_property
     def leaders(self) -> list[Sequence]:
@@ -120,7 +125,8 @@ class Scheduler:
         # sequence reach its length with the step in flight
         block_size, ref_counts = bm.block_size, bm.ref_counts
         growing: list[Sequence] = []
-        for seq in running:
+        rows: list[int] = []
+        for row, seq in enumerate(running):
             num_outputs = len(seq.output_ids)
             if num_outputs >= seq.params.max_new_tokens:
                 return None
@@ -128,6 +134,7 @@ class Scheduler:
             table = seq.block_table
             if index == len(table) or ref_counts[table[index]] > 1:
                 growing.append(seq)
+                rows.append(row)
         if len(growing) > bm.num_free_blocks:
             return None
         copies: list[tuple[int, int]] = []
@@ -139,7 +146,12 @@ class Scheduler:
         self.peak_unshared_blocks = max(
             self.peak_unshared_blocks, sum(len(seq.block_table) for seq in running)
         )
-        return Batch(is_prefill=False, groups=[[seq] for seq in running], block_copies=copies)
+        return Batch(
+            is_prefill=False,
+            groups=[[seq] for seq in running],
+            block_copies=copies,
+            grown_rows=rows,
+        )
 
     def postprocess(
         self,

@@ -156,6 +156,8 @@ class EngineSession:
 
     def _new_sequence(self, prompt_ids, seed: int, max_new_tokens: int, entropy_window: int):
         params = dataclasses.replace(self.params, max_new_tokens=max_new_tokens, n=1)
+        if entropy_window > 0:  # (the runner checks every sequence's window from now on)
+            self.engine.runner.entropy_requested = True
         return Sequence(
             prompt_ids,
             params,
