@@ -24,9 +24,12 @@ from collections import defaultdict
 import torch
 from profile_train import at_step, synchronizations
 
+import reinforge.rollout.episodes as episodes
 import reinforge.rollout.sources as sources
+import reinforge.rollout.trajectories as trajectories
 import reinforge.train.loop.rl as rl
 from reinforge.cli import main
+from reinforge.engine.paged import PagedEngine
 
 TOP_KERNELS = 25
 MIN_GAP_US = 20.0  # shorter gaps are the launch latency between graph nodes / queued kernels
@@ -53,8 +56,9 @@ def marked(fn, label: str):
         start = time.time_ns()
         try:
             return fn(*args, **kwargs)
-        finally:
-            WINDOWS[label] = (start, time.time_ns())
+        finally:  # a function called many times in the step: from its first start to last end
+            first = WINDOWS.get(label, (start, 0))[0]
+            WINDOWS[label] = (first, time.time_ns())
 
     return wrapper
 
@@ -168,5 +172,12 @@ if __name__ == "__main__":
     rl.update_policy = marked(rl.update_policy, "update")
     rl.build_step_batch = marked(rl.build_step_batch, "step batch")
     sources.LocalRollouts.sample = marked(sources.LocalRollouts.sample, "rollout")
+    # the rollout's parts, to place its gaps (each from its first call's start to its last end)
+    PagedEngine.generate = marked(PagedEngine.generate, "rollout: engine.generate")
+    PagedEngine._completions = marked(PagedEngine._completions, "rollout: completions' texts")
+    episodes._open = marked(episodes._open, "rollout: episodes opened")
+    episodes._run_env_steps = marked(episodes._run_env_steps, "rollout: env steps")
+    episodes._take_step = marked(episodes._take_step, "rollout: steps taken")
+    trajectories.to_trajectory = marked(trajectories.to_trajectory, "rollout: trajectories")
     rl.rl_step = at_step(rl.rl_step, step, measured(out_file))
     sys.exit(main(argv))

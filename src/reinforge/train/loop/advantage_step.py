@@ -79,13 +79,13 @@ def build_step_batch(groups: list[Group], a: AlgorithmSection, device) -> StepBa
     trajs = [t for g in groups for t in g.trajectories]
     group_sizes = [len(g.trajectories) for g in groups]
     assert trajs and min(group_sizes) >= 1, f"a step of empty groups: sizes {group_sizes}"
-    # built and counted on the host, then sent without waiting (the device is idle here: every
-    # millisecond of host work is a millisecond of the step)
+    # built and counted on the host, then sent: the device is idle here, so a plain copy waits
+    # for nothing (pinned copies: 40 ms for the step's batch on two GPU hosts, s25c and s25e)
     sampler_BT = to_rows([t.completion.logprobs for t in trajs])
     mask_BT = to_rows([loss_mask(t) for t in trajs])
     if a.mask_truncated:
         mask_BT = mask_truncated(mask_BT, [t.completion.finish_reason for t in trajs])
-    batch = StepBatch(trajs, group_sizes, to_device(mask_BT, device), to_device(sampler_BT, device))
+    batch = StepBatch(trajs, group_sizes, mask_BT.to(device), sampler_BT.to(device))
     # The losses divide by the step's counts; in a distributed run, the global step's.
     batch.num_tokens = sum_over_ranks(float(mask_BT.sum()))
     if a.seq_count == "all":  # TRL: every row counts, an empty one adds 0 to the sum
