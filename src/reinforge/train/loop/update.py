@@ -27,7 +27,11 @@ from reinforge.distributed import loss_scale, reduce_metrics
 from reinforge.metrics import console
 from reinforge.sharding import accumulation, clip_grad_norm, in_lockstep
 from reinforge.train.loop.advantage_step import StepBatch, select_rows
-from reinforge.train.loop.diagnostics import clip_fractions, measure_policy_change
+from reinforge.train.loop.diagnostics import (
+    clip_fractions,
+    measure_policy_change,
+    probe_sequences,
+)
 from reinforge.train.loop.graphs import (
     UpdateGraph,
     flat_grads,
@@ -85,6 +89,7 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
                 step_metrics = micro_compute(cfg, learner, batch, len(idx), data)
             for key, value in step_metrics.items():
                 on_device[key] = combine(key, on_device.get(key), _detached(value))
+    probe = probe_sequences(cfg, batch, batches, device)  # packed while the device still runs
     phases: dict[str, float] = {}
     if graph is not None:
         phases = {**graph.report(), "graph_launched": float(launched)}
@@ -102,7 +107,7 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
     routing_replay_ratio(totals)
     totals.update(phases)  # this rank's micro-batches by graph phase (not reduced: host counts)
     totals.update(optimizer_step(cfg, learner))
-    totals.update(measure_policy_change(cfg, learner, batch, batches))  # one no-grad forward
+    totals.update(measure_policy_change(cfg, learner, batch, probe))  # one no-grad forward
     return totals
 
 
