@@ -144,3 +144,65 @@ def test_a_decode_chosen_ahead_names_the_rows_whose_page_tables_changed():
         tables = [list(seq.block_table) for seq in inflight.seqs]
     assert named[True] > 0 and named[False] > 0  # steps with and without a new page
     assert scheduler.block_manager.num_free_blocks == 64
+
+
+def test_decode_rows_advanced_from_the_step_before_equal_rows_filled_from_the_sequences():
+    """`cuda_graphs.advance_rows` (what a replay with the same sequences does) against
+    `decode_rows` at every decode of an overlapped loop where sequences stop at different steps
+    (stop tokens) and cross pages at different steps (prompts of several lengths)."""
+    np = pytest.importorskip("numpy")
+    from reinforge.engine.cuda_graphs import (
+        IDS,
+        NUM_ROW_FIELDS,
+        advance_rows,
+        decode_rows,
+    )
+
+    params = SamplingParams(max_new_tokens=21, n=3, temperature=1.0)
+    scheduler = Scheduler(BlockManager(96, 4), 64, 64)
+    everyone = []
+    for g, prompt in enumerate(PROMPTS):
+        group = [Sequence(list(prompt), params, group_id=g, sample_index=k) for k in range(3)]
+        scheduler.add(group)
+        everyone += group
+
+    def stop_some(seq: Sequence) -> str | None:  # a few sequences stop early, at their own step
+        if seq.output_ids[-1] == 7 and seq.num_output_tokens > 8 and seq.sample_index == 1:
+            return "stop"
+        return finish_at_length(seq)
+
+    inflight = scheduler.schedule()
+    scheduler.launched(inflight)
+    last_seqs, last_rows, advanced = None, None, 0
+    while True:
+        ahead = None if inflight.is_prefill else scheduler.schedule_next_decode()
+        if ahead is not None:
+            seqs = ahead.leaders
+            rows = np.empty((NUM_ROW_FIELDS, len(seqs)), dtype=np.int64)
+            decode_rows(seqs, 4, rows)
+            same = last_seqs is not None and [s.seq_id for s in seqs] == last_seqs
+            if same:
+                out = np.empty_like(rows)
+                advance_rows(last_rows, out, seqs, ahead.grown_rows, 4)
+                keep = [f for f in range(NUM_ROW_FIELDS) if f != IDS]
+                np.testing.assert_array_equal(out[keep], rows[keep])
+                advanced += 1
+            last_seqs, last_rows = [s.seq_id for s in seqs], rows
+            scheduler.launched(ahead)
+        tokens = [next_token(seq) % 9 for seq in inflight.seqs]  # a 7 now and then
+        scheduler.commit(inflight, tokens, [0.0] * len(tokens), stop_some)
+        if ahead is None:
+            if scheduler.is_finished():
+                break
+            ahead = scheduler.schedule()
+            if not ahead.is_prefill:  # a decode after the commit: its rows filled in full
+                rows = np.empty((NUM_ROW_FIELDS, len(ahead.leaders)), dtype=np.int64)
+                decode_rows(ahead.leaders, 4, rows)
+                last_seqs, last_rows = [s.seq_id for s in ahead.leaders], rows
+            else:
+                last_seqs = None
+            scheduler.launched(ahead)
+        inflight = ahead
+    assert advanced > 10
+    reasons = Counter(seq.finish_reason for seq in everyone)
+    assert reasons["stop"] > 0 and reasons["length"] > 0, reasons
