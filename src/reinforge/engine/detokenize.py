@@ -47,14 +47,16 @@ def decode_many(
 
 
 ROWS_PER_THREAD = 32
-_POOL: list[ThreadPoolExecutor] = []
+_POOL: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked child has none of its threads
 
 
 def _pool() -> ThreadPoolExecutor:
-    if not _POOL:
+    pid = os.getpid()
+    if pid not in _POOL:
         workers = max(1, min(8, (os.cpu_count() or 1)))
-        _POOL.append(ThreadPoolExecutor(workers, thread_name_prefix="reinforge-decode"))
-    return _POOL[0]
+        _POOL.clear()  # (a parent's pool, copied by a fork: its threads are not in this process)
+        _POOL[pid] = ThreadPoolExecutor(workers, thread_name_prefix="reinforge-decode")
+    return _POOL[pid]
 
 
 def batch_decodes_alike(tokenizer) -> bool:
