@@ -18,6 +18,8 @@ Gumbel sampler (H100, session 22), whose Philox cipher and two logarithms per lo
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -152,6 +154,7 @@ def _gumbel_combine_kernel(
     tl.store(logprobs_ptr + row, logprob2 * 0.6931471805599453)  # base 2 to natural
 
 
+@functools.lru_cache(maxsize=64)  # (called every decode step with the same sizes)
 def _vocab_chunks(V: int, num_chunks: int) -> tuple[int, int, int]:
     """(block, chunk, count): a sampler's programs per row cover `count` chunks of `chunk`
     vocabulary entries (whole blocks of `block`), about `num_chunks` of them."""
