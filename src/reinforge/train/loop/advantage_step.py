@@ -80,7 +80,8 @@ def build_step_batch(groups: list[Group], a: AlgorithmSection, device) -> StepBa
     group_sizes = [len(g.trajectories) for g in groups]
     assert trajs and min(group_sizes) >= 1, f"a step of empty groups: sizes {group_sizes}"
     # built and counted on the host, then sent: the device is idle here, so a plain copy waits
-    # for nothing (pinned copies: 40 ms for the step's batch on two GPU hosts, s25c and s25e)
+    # for nothing (with pinned copies the step's batch took 40 ms on two GPU hosts, s25c and
+    # s25e, against 23 with plain ones on a third, s25a: which of host or copy, not yet measured)
     sampler_BT = to_rows([t.completion.logprobs for t in trajs])
     mask_BT = to_rows([loss_mask(t) for t in trajs])
     if a.mask_truncated:
