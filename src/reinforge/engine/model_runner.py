@@ -371,10 +371,11 @@ class ModelRunner:
         """(ids, logprobs) on the device: one token per sequence of the batch; every member of
         a group samples from its leader's logits. The noise of each draw is keyed by the
         sequence's `sample_seed` and position, never by the batch it runs in."""
-        sizes = [len(group) for group in batch.groups]
-        if any(size > 1 for size in sizes):
-            repeats = torch.tensor(sizes, device=logits_GV.device)
-            logits_GV = logits_GV.repeat_interleave(repeats, dim=0, output_size=sum(sizes))
+        if batch.is_prefill:  # (a decode's groups are one sequence each)
+            sizes = [len(group) for group in batch.groups]
+            if any(size > 1 for size in sizes):
+                repeats = torch.tensor(sizes, device=logits_GV.device)
+                logits_GV = logits_GV.repeat_interleave(repeats, dim=0, output_size=sum(sizes))
         if self.is_fast_path and uses_fused_sampler(params):
             from reinforge.engine import cuda_graphs, triton_sampling
 

@@ -1,0 +1,99 @@
+"""The decode loop's host bookkeeping per step, without a model or a GPU: the scheduler and the
+decode graphs' row filling at a workload's shape, driven through the overlapped protocol of
+`PagedEngine.generate` (a decode chosen ahead, its rows, `launched`, the commit of the step before)
+with tokens from a hash. On a slow host this Python, not the device, paces the decode (s25c: 176 of
+G1's 512 steps waited for it on an H100 host), so it is worth measuring on any machine.
+
+    python bench/decode_host.py [--seqs 256] [--prompt 128] [--new 512] [--page 16] [--rounds 3]
+
+Prints microseconds a decode step for each part (the best of `--rounds` generations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+
+import numpy as np
+
+from reinforge.engine.base import SamplingParams
+from reinforge.engine.block_manager import BlockManager
+from reinforge.engine.cuda_graphs import NUM_ROW_FIELDS, advance_rows, decode_rows
+from reinforge.engine.scheduler import Scheduler
+from reinforge.engine.sequence import Sequence
+
+GROUP = 8
+
+
+def one_generation(args) -> dict[str, float]:
+    params = SamplingParams(max_new_tokens=args.new, n=GROUP, temperature=1.0, ignore_eos=True)
+    pages = args.seqs * ((args.prompt + args.new) // args.page + 2)
+    scheduler = Scheduler(BlockManager(pages, args.page), args.seqs, 8192)
+    for g in range(args.seqs // GROUP):
+        prompt = [1 + (g * 7919 + i) % 1000 for i in range(args.prompt)]
+        scheduler.add([Sequence(prompt, params, group_id=g, sample_index=k) for k in range(GROUP)])
+
+    def finish(seq: Sequence) -> str | None:
+        return "length" if len(seq.output_ids) >= seq.params.max_new_tokens else None
+
+    times: dict[str, float] = defaultdict(float)
+    rows = [np.zeros((NUM_ROW_FIELDS, args.seqs), dtype=np.int64) for _ in range(2)]
+    inflight = scheduler.schedule()
+    scheduler.launched(inflight)
+    steps, last = 0, None
+    while True:
+        t0 = time.perf_counter()
+        ahead = None if inflight.is_prefill else scheduler.schedule_next_decode()
+        t1 = time.perf_counter()
+        times["schedule_next_decode"] += t1 - t0
+        if ahead is not None:
+            out, previous = rows[steps % 2], rows[(steps - 1) % 2]
+            same = last is not None and len(last) == len(ahead.leaders)
+            if same and ahead.grown_rows is not None:
+                advance_rows(previous, out, ahead.leaders, ahead.grown_rows, args.page)
+            else:
+                decode_rows(ahead.leaders, args.page, out)
+            last = ahead.leaders
+            t2 = time.perf_counter()
+            times["rows (advance_rows / decode_rows)"] += t2 - t1
+            scheduler.launched(ahead)
+            times["launched"] += time.perf_counter() - t2
+        n = len(inflight.seqs)
+        tokens = [(steps * 31 + i) % 1000 for i in range(n)]
+        t3 = time.perf_counter()
+        scheduler.commit(inflight, tokens, [0.0] * n, finish)
+        times["commit"] += time.perf_counter() - t3
+        if ahead is None:
+            if scheduler.is_finished():
+                break
+            ahead = scheduler.schedule()
+            scheduler.launched(ahead)
+            last = None
+        inflight = ahead
+        steps += 1
+    return {k: 1e6 * v / steps for k, v in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seqs", type=int, default=256)
+    parser.add_argument("--prompt", type=int, default=128)
+    parser.add_argument("--new", type=int, default=512)
+    parser.add_argument("--page", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    runs = [one_generation(args) for _ in range(args.rounds)]
+    best = {k: min(r[k] for r in runs) for k in runs[0]}
+    print(
+        f"{args.seqs} sequences, prompt {args.prompt}, {args.new} new tokens, pages of {args.page}"
+    )
+    print("| part | us a decode step (best of rounds) |")
+    print("|---|---|")
+    for key, value in best.items():
+        print(f"| {key} | {value:.0f} |")
+    print(f"| all | {sum(best.values()):.0f} |")
+
+
+if __name__ == "__main__":
+    main()
