@@ -16,21 +16,13 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
 
-from reinforge.engine import moe
-from reinforge.engine.attention import AttentionMetadata
+from reinforge.engine import eager_inputs, moe
 from reinforge.engine.attention_select import select_attention_backend
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.cuda_graphs import (
     BUCKETS,
-    CONTEXT_LENS,
-    IDS,
-    NUM_ROW_FIELDS,
-    POSITIONS,
-    SLOTS,
-    decode_rows,
 )
 from reinforge.engine.lora_forward import causal_lm, prepare_adapters
 from reinforge.engine.lora_merge import MergedAdapters
@@ -335,9 +327,13 @@ class ModelRunner:
         if self.graphs is not None:  # an eager step: the next replay checks every row's table
             self.graphs.last_seqs = None
         if batch.is_prefill:
-            input_ids, positions, meta, logits_indices = self._prepare_prefill(leaders)
+            input_ids, positions, meta, logits_indices = eager_inputs.prefill(
+                leaders, self.block_size, self.device, self.is_fast_path
+            )
         else:
-            input_ids, positions, meta, logits_indices = self._prepare_decode(leaders)
+            input_ids, positions, meta, logits_indices = eager_inputs.decode(
+                leaders, self.block_size, self.device
+            )
             if prev_ids is not None:
                 input_ids = prev_ids
         self.last_routes = None
@@ -386,8 +382,8 @@ class ModelRunner:
                 positions = self.graphs.row(cuda_graphs.OUTPUT_POSITIONS, n)
             else:
                 seqs = batch.seqs
-                seeds = self._to_device([seq.sample_seed for seq in seqs])
-                positions = self._to_device([seq.num_output_tokens for seq in seqs])
+                seeds = eager_inputs.longs([seq.sample_seed for seq in seqs], self.device)
+                positions = eager_inputs.longs([seq.num_output_tokens for seq in seqs], self.device)
             if params.temperature > 0.0:
                 ids, lps = triton_sampling.sample_inverse_cdf(
                     logits_GV, params.temperature, seeds, positions
@@ -442,60 +438,3 @@ class ModelRunner:
             return
         src, dst = (torch.tensor(x, device=self.device) for x in zip(*copies))
         self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
-
-    def _prepare_prefill(self, seqs: list[Sequence]):
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        query_lens: list[int] = []
-        for seq in seqs:
-            start, end = seq.num_cached_tokens, seq.num_tokens
-            input_ids += seq.token_ids[start:end]
-            positions += range(start, end)
-            slots += (seq.slot(p, self.block_size) for p in range(start, end))
-            query_lens.append(end - start)
-        cu_seqlens = None
-        if self.is_fast_path:
-            cu = torch.tensor([0, *query_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-            cu_seqlens = cu.to(self.device, non_blocking=True)
-        context_lens = [seq.num_tokens for seq in seqs]
-        meta = AttentionMetadata(
-            is_prefill=True,
-            slot_mapping=self._to_device(slots),
-            block_tables=self._page_tables(seqs),
-            context_lens=self._to_device(context_lens),
-            query_lens=query_lens,
-            context_lens_host=context_lens,
-            cu_seqlens=cu_seqlens,
-        )
-        logits_indices = self._to_device(torch.tensor(query_lens).cumsum(0) - 1)
-        return self._to_device(input_ids), self._to_device(positions), meta, logits_indices
-
-    def _prepare_decode(self, seqs: list[Sequence]):
-        """The graphs' per-sequence rows (one pass over the sequences, one host-to-device copy),
-        for an eager decode."""
-        n = len(seqs)
-        rows = np.empty((NUM_ROW_FIELDS, n), dtype=np.int64)
-        decode_rows(seqs, self.block_size, rows)
-        cached = [seq.num_cached_tokens for seq in seqs]
-        assert cached == rows[POSITIONS].tolist(), "decode writes one token"
-        rows_dev = torch.from_numpy(rows).to(self.device, non_blocking=True)
-        meta = AttentionMetadata(
-            is_prefill=False,
-            slot_mapping=rows_dev[SLOTS],
-            block_tables=self._page_tables(seqs),
-            context_lens=rows_dev[CONTEXT_LENS],
-            query_lens=[1] * n,
-            context_lens_host=rows[CONTEXT_LENS].tolist(),
-        )
-        return rows_dev[IDS], rows_dev[POSITIONS], meta, None
-
-    def _page_tables(self, seqs: list[Sequence]) -> torch.Tensor:
-        """[B, max pages] page tables, 0-padded."""
-        tables = np.zeros((len(seqs), max(len(seq.block_table) for seq in seqs)), dtype=np.int64)
-        for row, seq in zip(tables, seqs):
-            row[: len(seq.block_table)] = seq.block_table
-        return torch.from_numpy(tables).to(self.device, non_blocking=True)
-
-    def _to_device(self, values) -> torch.Tensor:
-        return torch.as_tensor(values, dtype=torch.long).to(self.device, non_blocking=True)
