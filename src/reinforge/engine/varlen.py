@@ -37,9 +37,12 @@ def varlen_options() -> frozenset[str]:
     return _OPTIONS
 
 
-def varlen_causal(q_THD, k_TKD, v_TKD, cu_seqlens: torch.Tensor, max_len: int, scale: float):
-    """torch's packed flash attention, causal within each sequence. Its keyword names moved
-    between torch releases (`is_causal` in 2.10, `window_size` later): read off its signature."""
+def varlen_causal(q_THD, k_TKD, v_TKD, cu_q, cu_k, max_q: int, max_k: int, scale: float):
+    """torch's packed flash attention, causal within each segment (queries `cu_q`, keys `cu_k`:
+    with more keys than queries the diagonal sits at the last key, as the trainer's shared
+    prompts need). K/V heads fewer than the queries' are shared (`enable_gqa`) or repeated where
+    the kernel cannot share them. Its keyword names moved between torch releases (`is_causal`
+    in 2.10, `window_size` later): read off its signature."""
     options = varlen_options()
     kwargs: dict = {}
     if "window_size" in options:
@@ -61,10 +64,10 @@ def varlen_causal(q_THD, k_TKD, v_TKD, cu_seqlens: torch.Tensor, max_len: int, s
         q_THD.contiguous(),
         k_TKD.contiguous(),
         v_TKD.contiguous(),
-        cu_seqlens,
-        cu_seqlens,
-        max_len,
-        max_len,
+        cu_q,
+        cu_k,
+        max_q,
+        max_k,
         **kwargs,
     )
 
@@ -83,7 +86,8 @@ def prefill_varlen(q_THD, k_TKD, v_TKD, k_cache, v_cache, meta: AttentionMetadat
     ):
         max_len = max(meta.query_lens)
         try:
-            return varlen_causal(q_THD, k_TKD, v_TKD, meta.cu_seqlens, max_len, scale)
+            cu = meta.cu_seqlens
+            return varlen_causal(q_THD, k_TKD, v_TKD, cu, cu, max_len, max_len, scale)
         except (RuntimeError, TypeError) as error:  # its API moved between torch releases
             _varlen_broken = True
             warnings.warn(

@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 from dataclasses import dataclass
 
 import torch
 
-from reinforge.engine.varlen import torch_varlen_attn, varlen_options
+from reinforge.engine.varlen import torch_varlen_attn, varlen_causal
 
 VARLEN = "reinforge_varlen"
 VARLEN_REFERENCE = "reinforge_varlen_reference"
@@ -195,36 +194,11 @@ def _varlen_attention(kernel):
 
 
 def _torch_varlen_kernel(q_LHD, k_LHD, v_LHD, seg: Segments, scale: float):
-    """torch's flash varlen kernel, causal within each segment (flash attention aligns the
-    diagonal to the last key when a segment has more keys than queries, as shared prompts need).
-    Its keyword names moved between torch releases (`is_causal` in 2.10, `window_size` later),
-    so they are read off its signature."""
-    options = varlen_options()
-    kwargs: dict = {}
-    if "window_size" in options:
-        kwargs["window_size"] = (-1, 0)
-    else:
-        kwargs["is_causal"] = True
+    """torch's flash varlen kernel (`engine.varlen.varlen_causal`), causal within each segment
+    over its key list (flash attention aligns the diagonal to the last key when a segment has
+    more keys than queries, as shared prompts need)."""
     k_JHD, v_JHD = seg.keys(k_LHD), seg.keys(v_LHD)
-    if q_LHD.shape[1] != k_JHD.shape[1]:
-        if "enable_gqa" in options:
-            kwargs["enable_gqa"] = True
-        else:
-            k_JHD, v_JHD = (_repeat_heads(x, q_LHD.shape[1]) for x in (k_JHD, v_JHD))
-    if "scale" in options:
-        kwargs["scale"] = scale
-    else:
-        assert math.isclose(scale, q_LHD.shape[-1] ** -0.5), "kernel has no scale argument"
-    return torch_varlen_attn()(
-        q_LHD.contiguous(),
-        k_JHD.contiguous(),
-        v_JHD.contiguous(),
-        seg.cu_q_G1,
-        seg.cu_k_G1,
-        seg.max_q,
-        seg.max_k,
-        **kwargs,
-    )
+    return varlen_causal(q_LHD, k_JHD, v_JHD, seg.cu_q_G1, seg.cu_k_G1, seg.max_q, seg.max_k, scale)
 
 
 def padded_varlen_kernel(q_LHD, k_LHD, v_LHD, seg: Segments, scale: float):
