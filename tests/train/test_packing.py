@@ -268,6 +268,9 @@ def test_shared_prompt_layout_targets_keys_and_mask():
     assert batch.key_index_J.tolist() == [0, 1, 0, 1, 2, 3, 0, 1, 4, 5, 6, 7]
     assert batch.cu_keys_G1.tolist() == [0, 2, 6, 9, 12]
     assert (batch.max_segment, batch.max_keys) == (3, 4)
+    # each row position's first entry in the key stream, and the entries repeating one
+    assert batch.key_first_L.tolist() == [0, 1, 4, 5, 8, 9, 10, 11]
+    assert batch.key_extra_E.tolist() == [2, 3, 6, 7]
     # K layout in the given order: the first token of 20 21 and of 30 comes from position 1
     assert batch.target_positions_K.tolist() == [1, 2, 5, 6, 1]
     assert batch.targets_K.tolist() == [20, 21, 6, 7, 30]
@@ -618,3 +621,30 @@ def test_compiled_layers_take_the_varlen_kernel_without_a_graph_break(monkeypatc
     torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-5)
     for reference, compiled in zip(results[0][1], results[1][1]):
         torch.testing.assert_close(reference, compiled, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_the_key_streams_backward_without_atomics_equals_index_selects(padded):
+    """The key stream's gradient, summed back to the row by first entry plus the repeats
+    (`attention._GatherKeys`), equals torch's index_select backward: shared prompts (each key
+    repeated once per sample) and, padded to a graph's shape, the pad tokens and spare keys."""
+    from dataclasses import replace
+
+    from reinforge.train.packing.static import common_shape, pad_packed
+
+    [batch] = pack(grouped_sequences(3, 4, seed=3), max_tokens=1000)
+    if padded:
+        shape = common_shape([batch], tokens=batch.num_tokens + 5, room=1.5)
+        batch = pad_packed(batch, shape)
+        assert batch.key_index_J.numel() > batch.num_tokens + 5  # spare keys
+    seg = batch_segments(batch)
+    assert seg.key_first_L is not None
+    x = torch.randn(batch.num_tokens, 2, 4, dtype=torch.float64, requires_grad=True)
+    grad_J = torch.randn(batch.key_index_J.numel(), 2, 4, dtype=torch.float64)
+    keys = seg.keys(x)
+    torch.testing.assert_close(keys, x.index_select(0, batch.key_index_J))
+    (ours,) = torch.autograd.grad(keys, x, grad_J)
+    plain = replace(seg, key_first_L=None, key_extra_E=None)
+    (theirs,) = torch.autograd.grad(plain.keys(x), x, grad_J)
+    torch.testing.assert_close(ours, theirs)
+    assert batch.key_extra_E.numel() == batch.key_index_J.numel() - batch.num_tokens

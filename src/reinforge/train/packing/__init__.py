@@ -51,10 +51,13 @@ import torch
 from reinforge.engine.moe import set_replay
 from reinforge.errors import ConfigError
 from reinforge.train.packing.attention import (
+    KEY_EXTRA_KWARG,
+    KEY_FIRST_KWARG,
     KEY_INDEX_KWARG,
     MASK_IMPLEMENTATIONS,
     VARLEN_IMPLEMENTATIONS,
     Segments,
+    key_references,
     segment_mask,
 )
 from reinforge.train.packing.hidden import final_hidden_states, lm_head_weight
@@ -109,6 +112,10 @@ class PackedBatch:
     key_index_J: torch.Tensor | None = None  # [J] long: row positions of each segment's keys
     cu_keys_G1: torch.Tensor | None = None  # [G+1] int32, offsets into key_index_J
     max_keys: int = 0  # the most keys of one segment (= max_segment when nothing is shared)
+    # with a key index: its `attention.key_references` (first entry of each row position [L], and
+    # the entries that repeat one [J - L]), for a backward without atomic adds
+    key_first_L: torch.Tensor | None = None
+    key_extra_E: torch.Tensor | None = None
     routes_TNK: torch.Tensor | None = None  # [L, sparse layers, k] int16 recorded experts, -1: none
 
     @property
@@ -248,13 +255,14 @@ def pack_one(
     index_ST = torch.where(valid_ST, offsets[:, None] + columns_T[None, :], 0)
     cu_G1 = torch.tensor(cu, dtype=torch.int32)
     max_segment = int(cu_G1.diff().max()) if len(cu) > 1 else 0
-    key_index_J = cu_keys_G1 = None
+    key_index_J = cu_keys_G1 = key_first_L = key_extra_E = None
     max_keys = max_segment
     if shared:
         key_index_J = torch.tensor([k for ranges in keys for r in ranges for k in r])
         sizes = [sum(len(r) for r in ranges) for ranges in keys]
         cu_keys_G1 = torch.tensor([0, *itertools.accumulate(sizes)], dtype=torch.int32)
         max_keys = int(cu_keys_G1.diff().max())
+        key_first_L, key_extra_E = key_references(key_index_J, len(ids))
     return PackedBatch(
         input_ids_L=torch.tensor(ids, dtype=torch.long),
         position_ids_L=torch.tensor(positions, dtype=torch.long),
@@ -275,6 +283,8 @@ def pack_one(
         key_index_J=key_index_J,
         cu_keys_G1=cu_keys_G1,
         max_keys=max_keys,
+        key_first_L=key_first_L,
+        key_extra_E=key_extra_E,
         routes_TNK=packed_routes(chosen, rows_of, len(ids)),
     )
 
@@ -352,6 +362,8 @@ def packed_attention_kwargs(model, batch: PackedBatch) -> dict:
             "max_length_q": batch.max_segment,
             "max_length_k": batch.max_keys,
             KEY_INDEX_KWARG: batch.key_index_J,
+            KEY_FIRST_KWARG: batch.key_first_L,
+            KEY_EXTRA_KWARG: batch.key_extra_E,
         }
     if implementation not in MASK_IMPLEMENTATIONS:
         raise ConfigError(
@@ -375,4 +387,6 @@ def batch_segments(batch: PackedBatch) -> Segments:
         cu_k_G1=batch.cu_keys_G1 if shared else batch.cu_segments_G1,
         max_k=batch.max_keys,
         key_index_J=batch.key_index_J,
+        key_first_L=batch.key_first_L,
+        key_extra_E=batch.key_extra_E,
     )

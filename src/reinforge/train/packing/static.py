@@ -33,6 +33,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from reinforge.train.packing import PackedBatch
+from reinforge.train.packing.attention import key_references
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def pad_packed(b: PackedBatch, shape: PackedShape) -> PackedBatch:
     assert pad >= 0 and b.routes_TNK is None
     zeros = torch.zeros(pad, dtype=torch.long)
     chunk = pad_chunk(shape)
-    key_index_J = cu_keys_G1 = None
+    key_index_J = cu_keys_G1 = key_first_L = key_extra_E = None
     spare = 0
     if shape.shared:
         own_J = b.key_index_J if b.key_index_J is not None else torch.arange(length)
@@ -159,8 +160,11 @@ def pad_packed(b: PackedBatch, shape: PackedShape) -> PackedBatch:
         # keys past the pad tokens' own: segments with no queries hold them (every key of the
         # stream then belongs to a segment, as the padded kernel expects)
         spare = shape.keys - own_J.numel() - pad
-        key_index_J = _cat(own_J, torch.arange(length, shape.tokens), torch.zeros(spare))
+        # (spread over the row: no position collects them all in the backward's adds)
+        spare_J = torch.arange(spare) % shape.tokens
+        key_index_J = _cat(own_J, torch.arange(length, shape.tokens), spare_J)
         cu_keys_G1 = _offsets(own_cu, int(own_J.numel()), pad, spare, shape.segments, chunk)
+        key_first_L, key_extra_E = key_references(key_index_J, shape.tokens)
     num_targets = int(b.targets_K.numel())
     extra = shape.targets - num_targets
     seqs, width = b.rows_index_ST.shape
@@ -192,6 +196,8 @@ def pad_packed(b: PackedBatch, shape: PackedShape) -> PackedBatch:
         key_index_J=key_index_J,
         cu_keys_G1=cu_keys_G1,
         max_keys=shape.max_keys if shape.shared else shape.max_segment,
+        key_first_L=key_first_L,
+        key_extra_E=key_extra_E,
     )
 
 
