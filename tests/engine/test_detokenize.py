@@ -69,15 +69,15 @@ def test_any_object_with_a_decode_method_works():
     assert decode_many(Letters(), [[0, 1], [], [25]]) == ["ab", "", "z"]
 
 
-def test_a_forked_child_decodes_with_threads_of_its_own():
-    """The parts' thread pool is per process: a child forked after the parent used it (whose
-    threads it does not have) decodes too, instead of waiting on them forever."""
+def test_a_forked_child_decodes_too():
+    """A child forked after the parent decoded (as env workers and servers fork) decodes the same
+    texts, without waiting on anything of the parent's."""
     import multiprocessing
 
     tokenizer = build_word_tokenizer(500)
     ids = random_ids(tokenizer, count=70)
     want = [tokenizer.decode(x) for x in ids]
-    assert decode_many(tokenizer, ids) == want  # the parent's pool exists now
+    assert decode_many(tokenizer, ids) == want  # the parent decoded first
     context = multiprocessing.get_context("fork")
     with context.Pool(1) as pool:
         got = pool.apply_async(decode_many, (tokenizer, ids)).get(timeout=60)

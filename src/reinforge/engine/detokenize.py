@@ -2,11 +2,12 @@
 
 A rollout ends with every completion decoded for its reward, while the GPU waits. One
 `tokenizer.decode` per completion costs Python work per token (transformers converts the ids,
-then calls the Rust tokenizer) on one core. A transformers fast tokenizer decodes a batch in its
-Rust backend (`decode_batch`, without the GIL), here in parts of `ROWS_PER_THREAD` completions on
-up to 8 threads. Measured on G1's 256 completions x 512 tokens (the qwen2.5-0.5b shape's word
-tokenizer): 43-45 ms one at a time, 19 ms this way on this project's 2-core CPU; under cProfile
-on an H200 host (s25b / s25d) 154 ms -> 34 ms.
+then calls the Rust tokenizer). A transformers fast tokenizer decodes a batch in one call of its
+Rust backend (`decode_batch`). Measured on G1's 256 completions x 512 tokens (the qwen2.5-0.5b
+shape's tokenizer): 43-45 ms one at a time, 19-25 ms in one call on this project's 2-core CPU,
+25 ms on a 16-core H200 host (s26b). Threads do not help: tokenizers 0.23's `decode_batch` holds
+the GIL and runs serially (two threads of 128 rows: 25.7 ms, one call of 256: 24.0 ms, session
+26), so this module makes one call (session 25 split it over a thread pool; that bought nothing).
 
 `decode_many` takes that path only where it is the same function as `decode`: a transformers fast
 tokenizer whose `decode` / `_decode` are the library's own (not overridden by its class) and
@@ -16,9 +17,7 @@ nothing else). Any other tokenizer decodes one completion at a time, exactly as 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 # the modules whose `decode` / `_decode` are transformers' own for fast tokenizers (4.x: _fast;
 # 5.x: _tokenizers)
@@ -35,28 +34,11 @@ def decode_many(
     """`[tokenizer.decode(x, skip_special_tokens=...) for x in ids]`, in one backend call where
     that is the same thing (see the module's docstring)."""
     if len(ids) > 1 and batch_decodes_alike(tokenizer):
-        backend, rows = tokenizer.backend_tokenizer, [list(x) for x in ids]
-        chunks = [rows[i : i + ROWS_PER_THREAD] for i in range(0, len(rows), ROWS_PER_THREAD)]
-        if len(chunks) == 1:
-            return backend.decode_batch(rows, skip_special_tokens=skip_special_tokens)
-        # parts on threads: the backend's call releases the GIL, and its own parallelism is
-        # off in a process that forked after using it (tokenizers' rule)
-        parts = _pool().map(lambda c: backend.decode_batch(c, skip_special_tokens), chunks)
-        return [text for part in parts for text in part]
+        rows = [x if isinstance(x, list) else list(x) for x in ids]
+        return tokenizer.backend_tokenizer.decode_batch(
+            rows, skip_special_tokens=skip_special_tokens
+        )
     return [tokenizer.decode(x, skip_special_tokens=skip_special_tokens) for x in ids]
-
-
-ROWS_PER_THREAD = 32
-_POOL: dict[int, ThreadPoolExecutor] = {}  # by process id: a forked child has none of its threads
-
-
-def _pool() -> ThreadPoolExecutor:
-    pid = os.getpid()
-    if pid not in _POOL:
-        workers = max(1, min(8, (os.cpu_count() or 1)))
-        _POOL.clear()  # (a parent's pool, copied by a fork: its threads are not in this process)
-        _POOL[pid] = ThreadPoolExecutor(workers, thread_name_prefix="reinforge-decode")
-    return _POOL[pid]
 
 
 def batch_decodes_alike(tokenizer) -> bool:
