@@ -547,6 +547,8 @@ def run_workload(name: str, args, bw: float, flops: float) -> dict:
     )
     if args.rope_ab:  # the decode step's RoPE in the attention kernel, or in its own
         ours["rope_ab"] = rope_ab(model, config, w, prompts, args.rope_ab)
+    if args.sampler_ab:  # the sampler inside the decode graph, or launched after it
+        ours["sampler_ab"] = sampler_ab(model, config, w, prompts, args.sampler_ab)
     if unfused is not None:
         ours["unfused"] = unfused
         ours["fused_speedup"] = ours["tokens_per_s"] / unfused["tokens_per_s"]
@@ -629,6 +631,33 @@ def rope_ab(model, config, w: Workload, prompts, rounds: int) -> dict:
     return {"runs": runs, "median": med, "speedup": med["one kernel"] / med["two kernels"]}
 
 
+def sampler_ab(model, config, w: Workload, prompts, rounds: int) -> dict:
+    """tokens/s with the sampler captured in the decode graphs (the default) and launched after
+    each replay (the graphs asked for logits only), alternated `rounds` times in one process."""
+    from reinforge.engine.cuda_graphs import DecodeGraphs
+
+    run = DecodeGraphs.run
+
+    def logits_only(self, seqs, prev_ids=None, grown_rows=None, temperature=None):
+        return run(self, seqs, prev_ids, grown_rows, None)
+
+    runs: dict[str, list[float]] = {"in the graph": [], "launched after": []}
+    try:
+        for _ in range(rounds):
+            for label, method in (("launched after", logits_only), ("in the graph", run)):
+                DecodeGraphs.run = method
+                runs[label].append(run_reinforge(model, config, w, prompts, False)["tokens_per_s"])
+    finally:
+        DecodeGraphs.run = run
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    log(
+        f"  sampler in the decode graph: {med['in the graph']:,.0f} tokens/s, launched after "
+        f"{med['launched after']:,.0f} ({med['in the graph'] / med['launched after']:.3f}x; "
+        f"{rounds} rounds alternated)"
+    )
+    return {"runs": runs, "median": med, "speedup": med["in the graph"] / med["launched after"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", action="append", choices=sorted(WORKLOADS))
@@ -657,6 +686,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--rope-ab", type=int, default=0, help="rounds of RoPE in / beside the attention kernel"
+    )
+    parser.add_argument(
+        "--sampler-ab", type=int, default=0, help="rounds of the sampler in / after the graph"
     )
     parser.add_argument(
         "--lora",

@@ -187,7 +187,12 @@ class DecodeGraphs:
         if runner.route_shape is not None:
             shape = (self.max_batch_size, *runner.route_shape)
             self.routes = torch.zeros(shape, dtype=runner.route_dtype, device=device)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        # by (batch size, the temperature the graph samples at: None, it only computes logits)
+        self.graphs: dict[tuple[int, float | None], torch.cuda.CUDAGraph] = {}
+        # a sampling graph's ids and logprobs [bucket] (its own output tensors)
+        self.samples: dict[tuple[int, float | None], tuple[torch.Tensor, torch.Tensor]] = {}
+        # the last replay's samples, row by row (None: that graph did not sample)
+        self.last_samples: tuple[torch.Tensor, torch.Tensor] | None = None
         self.pool: Any = None  # the graphs' shared memory pool (an opaque handle)
         self.capture_key = self._capture_key()
         self.capture_seconds = 0.0
@@ -208,6 +213,7 @@ class DecodeGraphs:
         key = self._capture_key()
         if key != self.capture_key:
             self.graphs.clear()
+            self.samples.clear()
             self.pool = None
             self.capture_key = key
 
@@ -216,18 +222,23 @@ class DecodeGraphs:
         seqs: list[Sequence],
         prev_ids: torch.Tensor | None = None,
         grown_rows: list[int] | None = None,
+        temperature: float | None = None,
     ) -> torch.Tensor:
         """Replays the decode step of `seqs`; returns their logits [len(seqs), vocab] (a view of
-        the shared buffer, valid until the next replay). `prev_ids`: the input tokens, on the
+        the shared buffer, valid until the next replay). `temperature`: the replay samples each
+        row too, with the fused inverse-CDF sampler at that temperature (`last_samples`: ids and
+        logprobs, views of the graph's outputs, valid until the next replay): the sampler's two
+        kernel launches cost the host 25-75 us a decode step (s26b), the graph none. `prev_ids`: the input tokens, on the
         device (the previous step's samples, not read back yet). `grown_rows`: the only rows
         whose page table may have changed (`Batch.grown_rows`); with the same sequences in the
         same rows as the last replay, only these are checked (checking all 256 rows took 82-123 us
         a decode step under cProfile on two H200 hosts, s25b and s25d)."""
         n = len(seqs)
         bucket = self.buckets[bisect.bisect_left(self.buckets, n)]
-        if bucket not in self.graphs:  # captured on first use: a step often needs one or two
+        key = (bucket, temperature)
+        if key not in self.graphs:  # captured on first use: a step often needs one or two
             start = time.perf_counter()
-            self._capture(bucket)
+            self._capture(bucket, temperature)
             torch.cuda.synchronize()
             self.capture_seconds += time.perf_counter() - start
         last, self.last_seqs = self.last_seqs, seqs
@@ -247,7 +258,9 @@ class DecodeGraphs:
         if prev_ids is not None:
             self.rows[IDS, :n].copy_(prev_ids)
         self._update_tables(seqs, grown_rows if same_rows else None)
-        self.graphs[bucket].replay()
+        self.graphs[key].replay()
+        samples = self.samples.get(key)
+        self.last_samples = None if samples is None else (samples[0][:n], samples[1][:n])
         return self.logits[:n]
 
     def row(self, field: int, n: int) -> torch.Tensor:
@@ -290,7 +303,7 @@ class DecodeGraphs:
             update = update.to(self.tables.device, non_blocking=True)
             self.tables.view(-1).index_copy_(0, update[0], update[1].to(torch.int32))
 
-    def _capture(self, bucket: int) -> None:
+    def _capture(self, bucket: int, temperature: float | None = None) -> None:
         r = self.runner
         meta = AttentionMetadata(
             is_prefill=False,
@@ -302,7 +315,7 @@ class DecodeGraphs:
         )
         self.rows.copy_(torch.tensor(PAD_ROW)[:, None].expand_as(self.rows))
 
-        def step() -> None:
+        def step() -> tuple[torch.Tensor, torch.Tensor] | None:
             forward(
                 r.model,
                 self.rows[IDS, :bucket],
@@ -317,14 +330,22 @@ class DecodeGraphs:
                 logits_out=self.logits[:bucket],
                 routes_out=None if self.routes is None else self.routes[:bucket],
             )
+            if temperature is None:
+                return None
+            from reinforge.engine.triton_sampling import sample_inverse_cdf
+
+            seeds, positions = self.rows[SEEDS, :bucket], self.rows[OUTPUT_POSITIONS, :bucket]
+            return sample_inverse_cdf(self.logits[:bucket], temperature, seeds, positions)
 
         step()  # compiles the Triton kernels and sets up cuBLAS outside the capture
         graph = torch.cuda.CUDAGraph()
         with CAPTURE_LOCK:
-            capture(graph, step, self.pool)
+            samples = capture(graph, step, self.pool)
         if self.pool is None:
             self.pool = graph.pool()
-        self.graphs[bucket] = graph
+        self.graphs[(bucket, temperature)] = graph
+        if samples is not None:
+            self.samples[(bucket, temperature)] = samples
 
     def _capture_key(self) -> tuple:
         model, merged = self.runner.model, self.runner.merged

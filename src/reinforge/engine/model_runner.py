@@ -285,8 +285,10 @@ class ModelRunner:
         spans = None
         if self.route_shape is not None:  # positions computed, before the scheduler caches them
             spans = [(g, g[0].num_cached_tokens, g[0].num_tokens) for g in batch.groups]
-        logits = self.run(batch, prev_ids)
-        ids, logprobs = self.sample(batch, logits, params)
+        fused = self.is_fast_path and uses_fused_sampler(params) and params.temperature > 0.0
+        logits = self.run(batch, prev_ids, params.temperature if fused else None)
+        samples = self.graphs.last_samples if self._graph_logits else None
+        ids, logprobs = samples if samples is not None else self.sample(batch, logits, params)
         routes = self._routes_to_host()  # queued before `_fetch`'s event
         step = LaunchedStep(batch, ids, *self._fetch(ids, logprobs))
         step.routes, step.route_spans = routes, spans
@@ -309,9 +311,16 @@ class ModelRunner:
         return entropy_G
 
     @torch.inference_mode()
-    def run(self, batch: Batch, prev_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def run(
+        self,
+        batch: Batch,
+        prev_ids: torch.Tensor | None = None,
+        sample_temperature: float | None = None,
+    ) -> torch.Tensor:
         """Computes the step and returns logits [len(batch.groups), vocab]. `prev_ids`: in a
-        decode, the input tokens on the device (the last step's samples, not read back yet)."""
+        decode, the input tokens on the device (the last step's samples, not read back yet).
+        `sample_temperature`: a decode replayed from a graph samples in it too, at that
+        temperature (`DecodeGraphs.last_samples`; what `sample` would draw, bit for bit)."""
         self._copy_blocks(batch.block_copies)
         leaders = batch.leaders
         self._graph_logits = False
@@ -320,7 +329,9 @@ class ModelRunner:
                 self.graphs.forget_tables()
             elif self.graphs.fits(len(leaders)):
                 self._graph_logits = True
-                logits = self.graphs.run(leaders, prev_ids, batch.grown_rows)
+                logits = self.graphs.run(
+                    leaders, prev_ids, batch.grown_rows, temperature=sample_temperature
+                )
                 routes = self.graphs.routes
                 self.last_routes = None if routes is None else routes[: len(leaders)]
                 return logits
