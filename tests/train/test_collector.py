@@ -48,3 +48,34 @@ def test_a_run_logs_each_steps_collector_seconds(tmp_path):
     sft = [r for r in rows if r.get("phase") == "sft"]
     assert len(rl) == 3 and all(0.0 <= r["gc_s"] < r["step_s"] for r in rl), rl
     assert len(sft) == 2 and all(r["gc_s"] >= 0.0 for r in sft), sft
+
+
+def test_held_makes_no_automatic_collection_and_collect_runs_one():
+    """An RL step runs `held` (no automatic collection) and collects once (`collect`) where the
+    device is busy; afterwards the collector is as it was."""
+    starts = []
+
+    def count(phase, info):
+        if phase == "start":
+            starts.append(info["generation"])
+
+    collector = Collector()
+    gc.callbacks.append(count)
+    try:
+        gc.collect()
+        starts.clear()
+        with collector.held():
+            garbage = [Node() for _ in range(50_000)]  # would pass gen 0's threshold many times
+            del garbage
+            assert starts == [] and not gc.isenabled()
+            collector.collect()
+            assert starts == [2]
+        assert gc.isenabled()
+        gc.disable()
+        with collector.held():
+            pass
+        assert not gc.isenabled(), "a collector disabled before stays disabled"
+    finally:
+        gc.enable()
+        gc.callbacks.remove(count)
+        collector.close()

@@ -199,3 +199,31 @@ def test_compiled_decoder_layers_give_the_same_logprobs_and_gradients():
     torch.testing.assert_close(results[1][0], results[0][0], atol=1e-5, rtol=1e-5)
     for compiled, plain in zip(results[1][1], results[0][1]):
         torch.testing.assert_close(compiled, plain, atol=1e-5, rtol=1e-4)
+
+
+def test_while_busy_runs_once_with_every_gradient_in_and_before_the_optimizer_step(tmp_path):
+    """`update_policy`'s `while_busy` (the RL step's garbage collection) runs after the last
+    micro-batch's backward and before the optimizer step: on a GPU the device is still running
+    the queued micro-batches then, so the host's work there costs the step nothing."""
+    cfg = micro_step_config("algorithm.kl_coef=0", "train.micro_batch_tokens=64")
+    policy = make_policy(cfg)
+    learner = make_learner(cfg, tmp_path, policy)
+    learner.optimizer = RecordingSGD(learner.policy.model.parameters(), lr=0.0)
+    learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda s: 1.0)
+    tasks = DigitTasks(cfg.task)
+    groups = rollout_groups(cfg, policy, tasks, [tasks.train_task(i) for i in range(4)], seed=5)
+    batch = build_step_batch(groups, cfg.algorithm, policy.device)
+    assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
+    seen = []
+
+    def while_busy():
+        grads = [p.grad for p in learner.policy.model.parameters()]
+        seen.append((all(g is not None for g in grads), hasattr(learner.optimizer, "grads")))
+        if all(g is not None for g in grads):
+            seen.append(sum(float(g.abs().sum()) for g in grads))
+
+    update_policy(cfg, learner, batch, while_busy)
+    assert seen[0] == (True, False), "every gradient in, the optimizer not yet stepped"
+    assert len(seen) == 2 and seen[1] > 0.0
+    # the same gradient the optimizer then took (nothing changed it in between)
+    assert sum(float(g.abs().sum()) for g in learner.optimizer.grads) == pytest.approx(seen[1])

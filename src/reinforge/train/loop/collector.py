@@ -14,12 +14,20 @@ trainings one after another (the tests) still frees their garbage.
 
 The RL loop (`rl.train`) and the SFT phase (`session.sft_phase`) each settle after their first
 step in the process; each step's seconds inside the collector are its `gc_s` metric.
+
+An RL step also runs with automatic collection off (`held`) and collects once where the device
+is busy (`collect`, called by the update once its micro-batches are queued): a collection that
+fell in the step's host-only phases made the device wait for it. G1 (H100 host, s26e): its env
+steps took 16-22 ms in the trainer against 1-2 ms alone (`bench/rollout_host.py` on the same
+host, s26f), and `gc_s` read 3-24 ms a step (s26a).
 """
 
 from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 
 class Collector:
@@ -42,6 +50,23 @@ class Collector:
         """The seconds collected since the last call."""
         seconds, self.seconds = self.seconds, 0.0
         return seconds
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """No automatic collection inside (collections made by `collect` still run); the
+        collector's state before is restored after."""
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            yield
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def collect(self) -> None:
+        """One full collection now: after `settle` it walks only what the run made since (a step
+        leaves few survivors), before it everything (the first step's update is long anyway)."""
+        gc.collect()
 
     def settle(self) -> None:
         """Once a run's long-lived objects exist: one full collection, then freeze what is left

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -86,7 +87,10 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
         collector.take()  # SFT's and the set-up's collections are not RL steps'
         with progress_bar(cfg.run.max_steps, state.step, "RL") as advance:
             for step in range(state.step + 1, cfg.run.max_steps + 1):
-                metrics = rl_step(cfg, learner, tasks, state, step, logger, rollouts)
+                with collector.held():  # collected once, while the device runs the update
+                    metrics = rl_step(
+                        cfg, learner, tasks, state, step, logger, rollouts, collector.collect
+                    )
                 metrics["gc_s"] = collector.take()
                 if step == start_step + 1:  # compiled, captured, allocated: the rest is per step
                     collector.settle()
@@ -128,7 +132,10 @@ def rl_step(
     step: int,
     logger,
     rollouts: LocalRollouts | RemoteRollouts = LOCAL,
+    while_busy: Callable[[], None] | None = None,
 ) -> dict[str, float]:
+    """One RL step: the rollout, the step's batch and the update. `while_busy`: host work to do
+    while the device runs the update (`update_policy`)."""
     start = time.perf_counter()
     totals = engine_totals(learner.policy)
     sampled, groups, sampling_metrics = rollouts.sample(cfg, learner.policy, tasks, state, step)
@@ -148,7 +155,7 @@ def rl_step(
         shaping_metrics = assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
         if poison:  # a drill: a NaN that reaches the gradient
             batch.advantages.fill_(math.nan)
-        metrics = update_policy(cfg, learner, batch)
+        metrics = update_policy(cfg, learner, batch, while_busy)
     logger.log_samples(step, sample_rows(learner.policy, groups, cfg.log.samples_per_step))
     num_generated = sum(t.num_completion_tokens for g in sampled for t in g.trajectories)
     metrics = {

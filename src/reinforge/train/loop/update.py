@@ -15,6 +15,7 @@ over ranks too: the step is the single-process step of the same global batch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -53,7 +54,15 @@ from reinforge.train.policy.optim import advance_schedule
 from reinforge.train.policy.value import head_values
 
 
-def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[str, float]:
+def update_policy(
+    cfg: TrainConfig,
+    learner: Learner,
+    batch: StepBatch,
+    while_busy: Callable[[], None] | None = None,
+) -> dict[str, float]:
+    """The step's update: its micro-batches' gradients, the optimizer step, the policy-change
+    probe; metrics. `while_busy`: called once every micro-batch is queued, before the first wait
+    for the device (host work the device's queue then hides: `Collector.collect`)."""
     start_grads(cfg, learner)
     model = learner.policy.model
     memory = learner.policy.setup.memory  # the run's plan (`train.planner.memory`)
@@ -90,6 +99,8 @@ def update_policy(cfg: TrainConfig, learner: Learner, batch: StepBatch) -> dict[
             for key, value in step_metrics.items():
                 on_device[key] = combine(key, on_device.get(key), _detached(value))
     probe = probe_sequences(cfg, batch, batches, device)  # packed while the device still runs
+    if while_busy is not None:  # the host's own work, while the queued micro-batches run
+        while_busy()
     phases: dict[str, float] = {}
     if graph is not None:
         phases = {**graph.report(), "graph_launched": float(launched)}
