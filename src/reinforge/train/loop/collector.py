@@ -15,8 +15,8 @@ trainings one after another (the tests) still frees their garbage.
 The RL loop (`rl.train`) and the SFT phase (`session.sft_phase`) each settle after their first
 step in the process; each step's seconds inside the collector are its `gc_s` metric.
 
-An RL step also runs with automatic collection off (`held`) and collects once where the device
-is busy (`collect`, called by the update once its micro-batches are queued): a collection that
+An RL step also runs with automatic collections made rare (`held`) and collects once where the
+device is busy (`collect`, called by the update once its micro-batches are queued): a collection that
 fell in the step's host-only phases made the device wait for it. G1 (H100 host, s26e): its env
 steps took 16-22 ms in the trainer against 1-2 ms alone (`bench/rollout_host.py` on the same
 host, s26f), and `gc_s` read 3-24 ms a step (s26a).
@@ -28,6 +28,10 @@ import gc
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+# allocations between two automatic collections of the youngest generation inside `held` (700
+# outside: Python's default)
+HELD_THRESHOLD = 200_000
 
 
 class Collector:
@@ -53,15 +57,17 @@ class Collector:
 
     @contextmanager
     def held(self) -> Iterator[None]:
-        """No automatic collection inside (collections made by `collect` still run); the
-        collector's state before is restored after."""
-        was_enabled = gc.isenabled()
-        gc.disable()
+        """Automatic collections made rare inside: the youngest generation's threshold raised to
+        `HELD_THRESHOLD` allocations (a G1 step makes a few tens of thousands: none; a rollout
+        that allocates millions, e.g. agents' loops, still collects every that many, so its
+        garbage cycles cannot pile up); `collect` runs one whenever asked. The thresholds before
+        are restored after."""
+        thresholds = gc.get_threshold()
+        gc.set_threshold(max(HELD_THRESHOLD, thresholds[0]), *thresholds[1:])
         try:
             yield
         finally:
-            if was_enabled:
-                gc.enable()
+            gc.set_threshold(*thresholds)
 
     def collect(self) -> None:
         """One full collection now: after `settle` it walks only what the run made since (a step
