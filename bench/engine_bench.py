@@ -604,6 +604,23 @@ def run_workload(name: str, args, bw: float, flops: float) -> dict:
     return result
 
 
+def alternated(model, config, w: Workload, prompts, rounds: int, variants, what: str) -> dict:
+    """tokens/s of each variant `(label, set_up)` (`set_up()` switches to it), alternated
+    `rounds` times in one process; the first variant is the new one, the second the old."""
+    runs: dict[str, list[float]] = {label: [] for label, _ in variants}
+    for _ in range(rounds):
+        for label, set_up in reversed(variants):
+            set_up()
+            runs[label].append(run_reinforge(model, config, w, prompts, False)["tokens_per_s"])
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    (new, _), (old, _) = variants
+    log(
+        f"  {what}: {new} {med[new]:,.0f} tokens/s, {old} {med[old]:,.0f} "
+        f"({med[new] / med[old]:.3f}x; {rounds} rounds alternated)"
+    )
+    return {"runs": runs, "median": med, "speedup": med[new] / med[old]}
+
+
 def rope_ab(model, config, w: Workload, prompts, rounds: int) -> dict:
     """tokens/s with the decode step's RoPE + K/V write inside the attention kernel
     (`paged_decode_rope`, the default) and as a kernel of its own, alternated `rounds` times."""
@@ -614,21 +631,17 @@ def rope_ab(model, config, w: Workload, prompts, rounds: int) -> dict:
     fused = triton_attention.TRITON_BACKEND
     apart = dataclasses.replace(fused, decode_rope=None)
     select = model_runner.select_attention_backend
-    runs: dict[str, list[float]] = {"one kernel": [], "two kernels": []}
+
+    def use(backend):
+        model_runner.select_attention_backend = lambda device: backend
+
+    variants = [("one kernel", lambda: use(fused)), ("two kernels", lambda: use(apart))]
     try:
-        for _ in range(rounds):
-            for label, backend in (("two kernels", apart), ("one kernel", fused)):
-                model_runner.select_attention_backend = lambda device, b=backend: b
-                runs[label].append(run_reinforge(model, config, w, prompts, False)["tokens_per_s"])
+        return alternated(
+            model, config, w, prompts, rounds, variants, "RoPE in the attention kernel"
+        )
     finally:
         model_runner.select_attention_backend = select
-    med = {k: statistics.median(v) for k, v in runs.items()}
-    log(
-        f"  RoPE in the attention kernel: {med['one kernel']:,.0f} tokens/s, as its own kernel "
-        f"{med['two kernels']:,.0f} ({med['one kernel'] / med['two kernels']:.3f}x; "
-        f"{rounds} rounds alternated)"
-    )
-    return {"runs": runs, "median": med, "speedup": med["one kernel"] / med["two kernels"]}
 
 
 def sampler_ab(model, config, w: Workload, prompts, rounds: int) -> dict:
@@ -641,21 +654,14 @@ def sampler_ab(model, config, w: Workload, prompts, rounds: int) -> dict:
     def logits_only(self, seqs, prev_ids=None, grown_rows=None, temperature=None):
         return run(self, seqs, prev_ids, grown_rows, None)
 
-    runs: dict[str, list[float]] = {"in the graph": [], "launched after": []}
+    def use(method):
+        DecodeGraphs.run = method
+
+    variants = [("in the graph", lambda: use(run)), ("launched after", lambda: use(logits_only))]
     try:
-        for _ in range(rounds):
-            for label, method in (("launched after", logits_only), ("in the graph", run)):
-                DecodeGraphs.run = method
-                runs[label].append(run_reinforge(model, config, w, prompts, False)["tokens_per_s"])
+        return alternated(model, config, w, prompts, rounds, variants, "the sampler")
     finally:
         DecodeGraphs.run = run
-    med = {k: statistics.median(v) for k, v in runs.items()}
-    log(
-        f"  sampler in the decode graph: {med['in the graph']:,.0f} tokens/s, launched after "
-        f"{med['launched after']:,.0f} ({med['in the graph'] / med['launched after']:.3f}x; "
-        f"{rounds} rounds alternated)"
-    )
-    return {"runs": runs, "median": med, "speedup": med["in the graph"] / med["launched after"]}
 
 
 def main() -> None:

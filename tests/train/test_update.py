@@ -27,6 +27,19 @@ class RecordingSGD(torch.optim.SGD):
         self.grads = [p.grad.detach().clone() for g in self.param_groups for p in g["params"]]
 
 
+def recording_step(cfg, tmp_path):
+    """A learner whose optimizer records the gradient it is given, and a scored step's batch."""
+    policy = make_policy(cfg)
+    learner = make_learner(cfg, tmp_path, policy)
+    learner.optimizer = RecordingSGD(learner.policy.model.parameters(), lr=0.0)
+    learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda s: 1.0)
+    tasks = DigitTasks(cfg.task)
+    groups = rollout_groups(cfg, policy, tasks, [tasks.train_task(i) for i in range(4)], seed=5)
+    batch = build_step_batch(groups, cfg.algorithm, policy.device)
+    assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
+    return learner, batch
+
+
 def padded_rows(model, batch):
     """Logprobs and entropy of every completion token from one padded batch through the model's
     own logits (the path packing replaced), as completion rows."""
@@ -52,14 +65,7 @@ def test_packed_update_has_the_padded_gradient(aggregation, tmp_path):
         "optim.max_grad_norm=1e9",  # no clipping: compare raw gradients
         "train.micro_batch_tokens=64",  # several packed micro-batches
     )
-    policy = make_policy(cfg)
-    learner = make_learner(cfg, tmp_path, policy)
-    learner.optimizer = RecordingSGD(learner.policy.model.parameters(), lr=0.0)
-    learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda s: 1.0)
-    tasks = DigitTasks(cfg.task)
-    groups = rollout_groups(cfg, policy, tasks, [tasks.train_task(i) for i in range(4)], seed=5)
-    batch = build_step_batch(groups, cfg.algorithm, policy.device)
-    assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
+    learner, batch = recording_step(cfg, tmp_path)
     assert len({t.advantage for t in batch.trajs}) > 2
     from reinforge.train.packing.forward import micro_batches
 
@@ -206,14 +212,7 @@ def test_while_busy_runs_once_with_every_gradient_in_and_before_the_optimizer_st
     micro-batch's backward and before the optimizer step: on a GPU the device is still running
     the queued micro-batches then, so the host's work there costs the step nothing."""
     cfg = micro_step_config("algorithm.kl_coef=0", "train.micro_batch_tokens=64")
-    policy = make_policy(cfg)
-    learner = make_learner(cfg, tmp_path, policy)
-    learner.optimizer = RecordingSGD(learner.policy.model.parameters(), lr=0.0)
-    learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda s: 1.0)
-    tasks = DigitTasks(cfg.task)
-    groups = rollout_groups(cfg, policy, tasks, [tasks.train_task(i) for i in range(4)], seed=5)
-    batch = build_step_batch(groups, cfg.algorithm, policy.device)
-    assign_advantages(batch, learner.algorithm, cfg.rollout.max_new_tokens)
+    learner, batch = recording_step(cfg, tmp_path)
     seen = []
 
     def while_busy():
