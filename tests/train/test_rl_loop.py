@@ -176,3 +176,19 @@ def test_shared_prompts_give_the_update_of_whole_sequences(tmp_path, monkeypatch
         assert abs(shared[key] - whole[key]) <= 1e-5 + 1e-4 * abs(whole[key]), key
     for a, b in zip(shared_w, whole_w):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def test_the_steps_rows_are_the_same_from_arrays_lists_and_a_mix():
+    """`to_rows` joins rows that are all numpy arrays (single-turn loss masks) without walking
+    them element by element; lists (the sampler's logprobs) and a mix give the same rows."""
+    import numpy as np
+
+    from reinforge.train.loop.advantage_step import to_rows
+
+    arrays = [np.ones(3, dtype=np.float32), np.array([0.5, 0.25]), np.ones(0, dtype=np.float32)]
+    lists = [[float(x) for x in row] for row in arrays]
+    expected = torch.tensor([[1.0, 1.0, 1.0], [0.5, 0.25, 0.0], [0.0, 0.0, 0.0]])
+    for rows in (arrays, lists, [arrays[0], lists[1], arrays[2]]):
+        got = to_rows(rows)
+        assert got.dtype == torch.float32
+        assert torch.equal(got, expected)
