@@ -75,6 +75,10 @@ class Completion:
     # [P, sparse layers, k] (uint8 up to 256 experts); P = every position whose output predicts a
     # sampled token. None when not recorded.
     routes: Any = None
+    # The engine's records of this sequence's residual streams (`engine.records.HiddenRows`: the
+    # host rows of every position of prompt + token_ids but the last), for the update's
+    # forward; None when not recorded.
+    hidden: Any = None
 
 
 @dataclass

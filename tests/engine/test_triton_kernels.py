@@ -253,7 +253,7 @@ def test_add_rms_norm_and_silu_mul_match_torch(dtype, with_delta):
     weight = (1 + 0.1 * torch.randn(E, generator=generator)).to(dtype)
     ref_x, ref_hidden = add_rms_norm(hidden, delta, weight, 1e-6)
 
-    got_hidden = hidden.to(DEVICE)
+    got_hidden = hidden.to(DEVICE, copy=True)  # (updated in place)
     got_x, got_hidden_out = triton_ops.add_rms_norm(
         got_hidden, None if delta is None else delta.to(DEVICE), weight.to(DEVICE), 1e-6
     )
@@ -262,6 +262,18 @@ def test_add_rms_norm_and_silu_mul_match_torch(dtype, with_delta):
     atol = 2e-2 if dtype == torch.bfloat16 else 1e-5
     torch.testing.assert_close(got_hidden.cpu(), ref_hidden, atol=atol, rtol=1e-2)
     torch.testing.assert_close(got_x.cpu(), ref_x, atol=atol, rtol=1e-2)
+    # the sum into a separate, strided residual (a column of the engine's records,
+    # `engine.records`): `hidden` untouched
+    records = torch.zeros(T, 3, E, dtype=dtype, device=DEVICE)
+    fresh = hidden.to(DEVICE, copy=True)
+    rec_x, rec_hidden = triton_ops.add_rms_norm(
+        fresh, None if delta is None else delta.to(DEVICE), weight.to(DEVICE), 1e-6, records[:, 1]
+    )
+    assert rec_hidden.data_ptr() == records[:, 1].data_ptr()
+    torch.testing.assert_close(fresh.cpu(), hidden, atol=0, rtol=0)
+    torch.testing.assert_close(records[:, 1].cpu(), ref_hidden, atol=atol, rtol=1e-2)
+    assert not records[:, 0].any() and not records[:, 2].any()
+    torch.testing.assert_close(rec_x.cpu(), got_x.cpu(), atol=0, rtol=0)
 
     gate = torch.randn(T, 3000, generator=generator).to(dtype)
     up = torch.randn(T, 3000, generator=generator).to(dtype)

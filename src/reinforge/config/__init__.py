@@ -275,6 +275,17 @@ class TrainSection(Section):
     off. G1, same call: H200 step 2.59 s with "auto" against 2.72 s with false, H100 2.73 s
     against 3.23 s (bench/RESULTS.md, session 21); peak 5.18 GiB with "auto" (session 23)
     against 5.19-5.20 with false (session 22)."""
+    engine_records: bool | Literal["auto"] = "auto"
+    """Run the update from the engine's own forward: while generating, the engine keeps the
+    residual stream after every layer of every token (in host memory, copied beside the
+    decode), and a checkpointed update skips its first forward through the layers (each
+    layer's output is its record; the backward recomputes each layer from its input, as
+    checkpointing does). One forward less per micro-batch, on the weights that generated (one
+    update per rollout); logprobs and gradients equal the plain path's in float32 (tested) and
+    differ by the two kernels' bf16 rounding otherwise. "auto": on CUDA with the local paged
+    engine, one process, a dense model and gradient checkpointing on (else there is no first
+    forward to save); true also on a CPU; false: never. A rollout whose records pass 40% of the
+    host's memory, or a sequence whose records are missing or stale, trains as before."""
     non_finite: Literal["skip", "crash"] = "skip"
     """What a step whose gradient holds NaN or infinity does: "skip" (count it in the metric
     `nonfinite_skipped`, leave parameters and optimizer state untouched, go on; the run fails

@@ -187,6 +187,12 @@ class DecodeGraphs:
         if runner.route_shape is not None:
             shape = (self.max_batch_size, *runner.route_shape)
             self.routes = torch.zeros(shape, dtype=runner.route_dtype, device=device)
+        # recording (`ModelRunner.record_hidden`): every replay writes its tokens' residual
+        # streams here, [rows, layers, hidden]
+        self.records = None
+        if runner.records is not None:
+            shape = (self.max_batch_size, *runner.records.row_shape)
+            self.records = torch.zeros(shape, dtype=runner.dtype, device=device)
         # by (batch size, the temperature the graph samples at: None, it only computes logits)
         self.graphs: dict[tuple[int, float | None], torch.cuda.CUDAGraph] = {}
         # a sampling graph's ids and logprobs [bucket] (its own output tensors)
@@ -329,6 +335,7 @@ class DecodeGraphs:
                 r.rope,
                 logits_out=self.logits[:bucket],
                 routes_out=None if self.routes is None else self.routes[:bucket],
+                records_out=None if self.records is None else self.records[:bucket],
             )
             if temperature is None:
                 return None

@@ -28,6 +28,7 @@ from reinforge.engine.lora_forward import causal_lm, prepare_adapters
 from reinforge.engine.lora_merge import MergedAdapters
 from reinforge.engine.pool_size import kv_bytes_per_block
 from reinforge.engine.qwen_forward import TORCH_OPS, ForwardOps, ModelShape, forward, rope_table
+from reinforge.engine.records import HiddenStore
 from reinforge.engine.sampling import row_uniform, sample_keyed
 from reinforge.engine.scheduler import Batch
 from reinforge.engine.sequence import Sequence, num_blocks_for
@@ -106,6 +107,9 @@ class ModelRunner:
             self.route_shape = (num_sparse, self.model.config.num_experts_per_tok)
             self.route_dtype = moe.route_dtype(self.model.config.num_experts)
         self.last_routes: torch.Tensor | None = None  # the last `run`'s, on the device
+        # the residual streams each step computes, kept for the trainer (`record_hidden`)
+        self.records: HiddenStore | None = None
+        self.last_records: torch.Tensor | None = None  # the last `run`'s [T, layers, hidden]
         self.backend = select_attention_backend(self.device)
         self.is_fast_path = self.backend.name == "triton-paged"
         self.ops = select_ops(self.device) if self.is_fast_path else TORCH_OPS
@@ -263,6 +267,18 @@ class ModelRunner:
 
             self.graphs = DecodeGraphs(self, self.max_num_seqs)
 
+    def record_hidden(self, max_bytes: int) -> HiddenStore:
+        """From now on every step keeps the residual stream after each layer of every token it
+        computes, in host rows (`engine.records`, up to `max_bytes`); decode graphs are captured
+        anew with the buffer they write it to."""
+        if self.records is None:
+            config = self.model.config
+            self.records = HiddenStore(
+                config.num_hidden_layers, config.hidden_size, self.dtype, self.device, max_bytes
+            )
+            self._new_graphs()
+        return self.records
+
     def begin_generate(self) -> None:
         assert self.kv_cache is not None, "restore() after release() before generating"
         prepare_adapters(self.model)
@@ -283,15 +299,19 @@ class ModelRunner:
     ) -> LaunchedStep:
         """Queue the step and its sampling on the device; returns before they run."""
         spans = None
-        if self.route_shape is not None:  # positions computed, before the scheduler caches them
+        if self.route_shape is not None or self.records is not None:
+            # positions computed, before the scheduler caches them
             spans = [(g, g[0].num_cached_tokens, g[0].num_tokens) for g in batch.groups]
         fused = self.is_fast_path and uses_fused_sampler(params) and params.temperature > 0.0
         logits = self.run(batch, prev_ids, params.temperature if fused else None)
         samples = self.graphs.last_samples if self._graph_logits else None
         ids, logprobs = samples if samples is not None else self.sample(batch, logits, params)
         routes = self._routes_to_host()  # queued before `_fetch`'s event
+        if self.records is not None and self.last_records is not None:
+            assert spans is not None
+            self.records.write(self.last_records, spans, reused=self._graph_logits)
         step = LaunchedStep(batch, ids, *self._fetch(ids, logprobs))
-        step.routes, step.route_spans = routes, spans
+        step.routes, step.route_spans = (routes, spans) if routes is not None else (None, None)
         if self.entropy_requested and any(
             seq.num_output_tokens < seq.entropy_window for seq in batch.seqs
         ):
@@ -332,8 +352,9 @@ class ModelRunner:
                 logits = self.graphs.run(
                     leaders, prev_ids, batch.grown_rows, temperature=sample_temperature
                 )
-                routes = self.graphs.routes
+                routes, records = self.graphs.routes, self.graphs.records
                 self.last_routes = None if routes is None else routes[: len(leaders)]
+                self.last_records = None if records is None else records[: len(leaders)]
                 return logits
         if self.graphs is not None:  # an eager step: the next replay checks every row's table
             self.graphs.last_seqs = None
@@ -351,6 +372,10 @@ class ModelRunner:
         if self.route_shape is not None:
             shape = (input_ids.shape[0], *self.route_shape)
             self.last_routes = torch.empty(shape, dtype=self.route_dtype, device=self.device)
+        self.last_records = None
+        if self.records is not None:
+            shape = (input_ids.shape[0], *self.records.row_shape)
+            self.last_records = torch.empty(shape, dtype=self.dtype, device=self.device)
         run = lambda: forward(  # noqa: E731
             self.model,
             input_ids,
@@ -363,6 +388,7 @@ class ModelRunner:
             self.ops,
             self.rope,
             routes_out=self.last_routes,
+            records_out=self.last_records,
         )
         if batch.is_prefill and self.kv_mempool is not None:  # the update's free memory
             return self.prefills.run(self.kv_mempool, self.device, run)

@@ -292,6 +292,7 @@ class PagedEngine:
             # every position whose output predicts a sampled token (the last token's, never fed
             # back, is left out)
             routes=None if seq.routes is None else seq.routes.prefix(seq.num_tokens - 1),
+            hidden=None if seq.hidden is None else seq.hidden.completed(seq.token_ids),
         )
 
     def _record_stats(self, groups, scheduler: Scheduler, start: float, timers: StepTimers):

@@ -89,11 +89,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def add_rms_norm(
-    hidden: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    hidden: torch.Tensor,
+    delta: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    residual_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(hidden + delta), hidden + delta): the residual stream and the next op's input."""
+    """(rms_norm(hidden + delta), hidden + delta): the next op's input and the residual stream
+    (written into `residual_out` when given)."""
     if delta is not None:
         hidden = hidden + delta
+    if residual_out is not None:
+        hidden = residual_out.copy_(hidden)
     return rms_norm(hidden, weight, eps), hidden
 
 
@@ -216,8 +223,11 @@ def forward(
     rope: tuple[torch.Tensor, torch.Tensor] | None = None,  # `rope_table`, if it applies
     logits_out: torch.Tensor | None = None,  # [B, vocab] buffer to write the logits into
     routes_out: torch.Tensor | None = None,  # [T, sparse layers, k]: each token's experts
+    records_out: torch.Tensor | None = None,  # [T, layers, hidden]: each layer's output
 ) -> torch.Tensor:
-    """Writes the K/V of every given token into the pool; returns logits [B, vocab]."""
+    """Writes the K/V of every given token into the pool; returns logits [B, vocab].
+    `records_out`: the residual stream after each layer, for every token (`engine.records`);
+    the fused norms write it there, so recording adds no kernel but the last layer's add."""
     inner = model.model
     hidden = F.embedding(input_ids_T, inner.embed_tokens.weight)
     if rope is not None:
@@ -229,7 +239,12 @@ def forward(
     delta = None  # the last block's output, not yet added to the residual stream
     num_sparse = 0
     for i, layer in enumerate(inner.layers):
-        x, hidden = ops.add_rms_norm(hidden, delta, layer.input_layernorm.weight, eps)
+        if records_out is not None and i > 0:  # layer i - 1's output, recorded as it is summed
+            x, hidden = ops.add_rms_norm(
+                hidden, delta, layer.input_layernorm.weight, eps, records_out[:, i - 1]
+            )
+        else:
+            x, hidden = ops.add_rms_norm(hidden, delta, layer.input_layernorm.weight, eps)
         delta = attention_block(
             layer.self_attn,
             x,
@@ -242,14 +257,23 @@ def forward(
             ops.linear,
             ops.fused,
         )
-        x, hidden = ops.add_rms_norm(hidden, delta, layer.post_attention_layernorm.weight, eps)
+        if records_out is not None:  # (a fresh residual: `hidden` is the record, kept)
+            x, hidden = ops.add_rms_norm(
+                hidden, delta, layer.post_attention_layernorm.weight, eps, torch.empty_like(x)
+            )
+        else:
+            x, hidden = ops.add_rms_norm(hidden, delta, layer.post_attention_layernorm.weight, eps)
         routes_TK = None
         if routes_out is not None and moe.is_moe_block(layer.mlp):
             routes_TK, num_sparse = routes_out[:, num_sparse], num_sparse + 1
         delta = mlp_block(layer.mlp, x, ops, routes_TK)
     assert delta is not None, "a model with no decoder layer"
+    if records_out is not None:  # the last layer's output, for every token
+        hidden = torch.add(hidden, delta, out=records_out[:, -1])
+        delta = None
     if logits_indices_B is not None:
-        hidden, delta = hidden[logits_indices_B], delta[logits_indices_B]
+        hidden = hidden[logits_indices_B]
+        delta = None if delta is None else delta[logits_indices_B]
     last, _ = ops.add_rms_norm(hidden, delta, inner.norm.weight, eps)
     head = model.lm_head
     if logits_out is not None and not is_lora_layer(head) and head.bias is None:

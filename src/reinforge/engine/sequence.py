@@ -47,6 +47,9 @@ class Sequence:
     # routing replay: the experts each computed position was routed to (`moe.RouteRecord`), when
     # the engine records them
     routes: Any = None
+    # the trainer's records: which host row holds each computed position's residual streams
+    # (`records.HiddenRows`), when the engine keeps them
+    hidden: Any = None
 
     def __post_init__(self) -> None:
         assert self.prompt_ids, "an empty prompt has no position to sample from"

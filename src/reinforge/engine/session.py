@@ -95,6 +95,7 @@ class EngineSession:
         # the history's recorded routes (routing replay), shared: a step launched ahead before
         # `seq` finished may still write its last position
         new.routes = seq.routes
+        new.hidden = seq.hidden
         # at least one id is computed: its logits give the first sample
         new.num_cached_tokens = min(seq.num_cached_tokens, new.num_tokens - 1)
         seq.num_cached_tokens = 0
@@ -113,6 +114,8 @@ class EngineSession:
             self.block_manager.share_prefix(seq, child, cached)
             if seq.routes is not None:
                 child.routes = seq.routes.fork(cached)
+            if seq.hidden is not None:
+                child.hidden = seq.hidden.fork(cached)
         self.scheduler.add([child])
         return child
 

@@ -21,17 +21,20 @@ import triton.language as tl
 
 @triton.jit
 def _add_rms_norm_kernel(
-    hidden_ptr,  # [T, E], updated in place to hidden + delta
+    hidden_ptr,  # [T, E]
     delta_ptr,  # [T, E] or unused
     weight_ptr,  # [E]
     out_ptr,  # [T, E]
+    residual_ptr,  # [T, E]: hidden + delta (hidden itself: in place)
     stride_h,
     stride_d,
     stride_o,
+    stride_r,
     eps,
     E: tl.constexpr,
     E_PAD: tl.constexpr,
     HAS_DELTA: tl.constexpr,
+    STORE: tl.constexpr,  # write the residual (a delta, or a separate residual buffer)
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, E_PAD)
@@ -40,7 +43,8 @@ def _add_rms_norm_kernel(
     if HAS_DELTA:
         d = tl.load(delta_ptr + row * stride_d + offs, mask=mask, other=0.0)
         h = (h.to(tl.float32) + d.to(tl.float32)).to(hidden_ptr.dtype.element_ty)
-        tl.store(hidden_ptr + row * stride_h + offs, h, mask=mask)
+    if STORE:
+        tl.store(residual_ptr + row * stride_r + offs, h, mask=mask)
     x = h.to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(x * x, 0) / E + eps)
     y = (x * inv_rms).to(out_ptr.dtype.element_ty).to(tl.float32)
@@ -49,15 +53,22 @@ def _add_rms_norm_kernel(
 
 
 def add_rms_norm(
-    hidden_TE: torch.Tensor, delta_TE: torch.Tensor | None, weight_E: torch.Tensor, eps: float
+    hidden_TE: torch.Tensor,
+    delta_TE: torch.Tensor | None,
+    weight_E: torch.Tensor,
+    eps: float,
+    residual_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(hidden + delta), hidden + delta); `hidden` is updated in place."""
+    """(rms_norm(hidden + delta), hidden + delta); the sum is written to `residual_out` (rows
+    that may be strided), else into `hidden` in place."""
     T, E = hidden_TE.shape
+    residual = hidden_TE if residual_out is None else residual_out
+    assert residual.shape == hidden_TE.shape and residual.stride(-1) == 1
     assert hidden_TE.stride(-1) == 1 and weight_E.is_contiguous()
     assert weight_E.dtype == hidden_TE.dtype, "transformers' RMSNorm scales in the model dtype"
     out = torch.empty_like(hidden_TE)
     if T == 0:
-        return out, hidden_TE
+        return out, residual
     if delta_TE is not None:
         assert delta_TE.shape == hidden_TE.shape and delta_TE.stride(-1) == 1
     E_PAD = triton.next_power_of_2(E)
@@ -66,16 +77,19 @@ def add_rms_norm(
         delta_TE if delta_TE is not None else hidden_TE,
         weight_E,
         out,
+        residual,
         hidden_TE.stride(0),
         delta_TE.stride(0) if delta_TE is not None else 0,
         out.stride(0),
+        residual.stride(0),
         eps,
         E=E,
         E_PAD=E_PAD,
         HAS_DELTA=delta_TE is not None,
+        STORE=delta_TE is not None or residual_out is not None,
         num_warps=min(16, max(1, E_PAD // 256)),
     )
-    return out, hidden_TE
+    return out, residual
 
 
 @triton.jit

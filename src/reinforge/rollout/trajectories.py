@@ -211,6 +211,9 @@ def _episode_completion(tokenizer, e: Episode) -> Completion:
         # the last turn was sampled after the whole history before it: its recorded routes
         # cover every position up to its last token (routing replay)
         routes=e.turns[-1].routes if e.turns else None,
+        # the engine's records of the last turn's sequence (its whole history, where the
+        # session computed it): the trainer checks them against these ids before using them
+        hidden=e.turns[-1].hidden if e.turns else None,
     )
 
 

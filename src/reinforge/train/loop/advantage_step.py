@@ -71,6 +71,12 @@ class StepBatch:
         """Each trajectory's recorded experts (`Completion.routes`; None where not recorded)."""
         return [t.completion.routes for t in self.trajs]
 
+    @property
+    def hidden(self) -> list | None:
+        """Each trajectory's engine records (`Completion.hidden`), or None when none has any."""
+        hidden = [t.completion.hidden for t in self.trajs]
+        return hidden if any(h is not None for h in hidden) else None
+
     def rewards_B(self) -> torch.Tensor:
         return torch.tensor([t.reward for t in self.trajs], dtype=torch.float32)
 

@@ -25,6 +25,7 @@ from reinforge.models.loading import load_model, model_source
 from reinforge.run import RunContext
 from reinforge.sharding import in_lockstep, is_replicated, shard_model
 from reinforge.train.loop.advantage_step import Algorithm, StepBatch
+from reinforge.train.loop.engine_records import start_records
 from reinforge.train.loop.graphs import graph_blocker, share_memory
 from reinforge.train.loop.session import Policy
 from reinforge.train.packing.attention import select_packed_attention
@@ -92,6 +93,7 @@ def build_learner(
     learner = Learner(policy, algorithm, optimizer, scheduler, reference, value_head)
     if graph_blocker(cfg, learner) is None:  # the KV pool and the update's graphs take turns
         share_memory(learner)
+    start_records(cfg, learner)  # the update from the engine's forward, where it applies
     if ckpt is not None and state.phase == "rl" and state.step > 0:
         extra = load_extra_state(ckpt)
         algorithm.load_state_dict(extra["algorithm"])

@@ -34,6 +34,7 @@ from reinforge.train.loop.advantage_step import assign_advantages, build_step_ba
 from reinforge.train.loop.collector import Collector
 from reinforge.train.loop.diagnostics import headroom_eval, headroom_text, question_repeats
 from reinforge.train.loop.disaggregated import generate_for_trainers
+from reinforge.train.loop.engine_records import begin_rollout
 from reinforge.train.loop.graphs import held_bytes, peak_allocated, pool_metrics
 from reinforge.train.loop.learner import Learner, build_learner, score_with_models
 from reinforge.train.loop.nonfinite import enforce_non_finite_policy
@@ -138,6 +139,7 @@ def rl_step(
     while the device runs the update (`update_policy`)."""
     start = time.perf_counter()
     totals = engine_totals(learner.policy)
+    begin_rollout(learner)  # the engine's records of this rollout, for its update
     sampled, groups, sampling_metrics = rollouts.sample(cfg, learner.policy, tasks, state, step)
     # this step's share of the engine's fixed costs (restoring its pool, capturing graphs)
     engine_costs = {k: v - totals[k] for k, v in engine_totals(learner.policy).items()}

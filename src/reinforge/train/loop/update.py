@@ -33,6 +33,7 @@ from reinforge.train.loop.diagnostics import (
     measure_policy_change,
     probe_sequences,
 )
+from reinforge.train.loop.engine_records import store_of, weights_changed
 from reinforge.train.loop.graphs import (
     UpdateGraph,
     flat_grads,
@@ -41,7 +42,7 @@ from reinforge.train.loop.graphs import (
     step_graph,
 )
 from reinforge.train.loop.learner import Learner
-from reinforge.train.packing import PackedBatch, pack_one, to_device
+from reinforge.train.packing import PackedBatch, gather_records, pack_one, to_device
 from reinforge.train.packing.forward import completion_sequences, micro_batches, packed_rows
 from reinforge.train.packing.static import PackedShape, pad_packed, pad_rows
 from reinforge.train.policy.moe import (
@@ -86,6 +87,7 @@ def update_policy(
         counts = torch.tensor([batch.num_tokens, batch.num_seqs], dtype=torch.float32)
         counts = counts.to(device, non_blocking=True)
     launched = 0  # micro-batches that ran outside the step's graph
+    recorded = 0  # micro-batches run from the engine's records (`train.engine_records`)
     with accumulation(model, unsharded) as before:
         for i, idx in enumerate(batches):
             before(last=i == len(batches) - 1)
@@ -96,6 +98,7 @@ def update_policy(
                 launched += 1
                 data = micro_data(batch, idx, packed[i], device)
                 step_metrics = micro_compute(cfg, learner, batch, len(idx), data)
+            recorded += data.packed.records_LNH is not None
             for key, value in step_metrics.items():
                 on_device[key] = combine(key, on_device.get(key), _detached(value))
     probe = probe_sequences(cfg, batch, batches, device)  # packed while the device still runs
@@ -117,7 +120,10 @@ def update_policy(
     )
     routing_replay_ratio(totals)
     totals.update(phases)  # this rank's micro-batches by graph phase (not reduced: host counts)
+    if recorded or store_of(learner) is not None:
+        totals["records_micro_batches"] = float(recorded)
     totals.update(optimizer_step(cfg, learner))
+    weights_changed(learner)  # the engine's records of this rollout are stale now
     totals.update(measure_policy_change(cfg, learner, batch, probe))  # one no-grad forward
     return totals
 
@@ -242,6 +248,7 @@ def pack_micro_batch(cfg: TrainConfig, batch: StepBatch, idx: list[int]) -> Pack
         [batch.prompts[i] for i in idx],
         [batch.completions[i] for i in idx],
         [batch.routes[i] for i in idx] if cfg.algorithm.routing_replay else None,
+        [batch.hidden[i] for i in idx] if batch.hidden is not None else None,
     )
     return pack_one(seqs, range(len(seqs)), cfg.train.share_prompts)
 
@@ -274,6 +281,7 @@ def micro_data(
     if shape is not None:
         packed = pad_packed(packed, shape)
         rows = {k: pad_rows(v, shape) for k, v in rows.items()}
+    packed = gather_records(packed)  # the engine's records of its tokens, if it has them
     moved = {k: None if v is None else to_device(v, device) for k, v in rows.items()}
     return MicroData(packed.to(device), counts, **moved)
 

@@ -103,9 +103,15 @@ def completion_sequences(
     prompts: Sequence[Sequence[int]],
     completions: Sequence[Sequence[int]],
     routes: Sequence | None = None,
+    hidden: Sequence | None = None,
 ) -> list[PackSequence]:
+    """`hidden`: each sequence's engine records (`Completion.hidden`, or None)."""
     routes = routes if routes is not None else [None] * len(prompts)
-    return [PackSequence(p, c, routes=r) for p, c, r in zip(prompts, completions, routes)]
+    hidden = hidden if hidden is not None else [None] * len(prompts)
+    return [
+        PackSequence(p, c, routes=r, hidden=h)
+        for p, c, r, h in zip(prompts, completions, routes, hidden)
+    ]
 
 
 def packed_rows(model, batch: PackedBatch, temperature: float, with_hidden: bool = False) -> Rows:

@@ -30,6 +30,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
 
 from reinforge.train.packing import PackedBatch
@@ -47,6 +48,7 @@ class PackedShape:
     max_segment: int
     max_keys: int
     shared: bool  # a key index (shared prompts) in some micro-batch
+    records: tuple[int, ...] | None = None  # [layers, hidden] of the engine's records, or None
 
 
 def common_shape(
@@ -81,8 +83,16 @@ def common_shape(
         max_segment=max_segment,
         max_keys=max_keys,
         shared=shared,
+        records=_record_shape(batches),
     )
     return replace(shape, segments=grow(max(_segments_needed(b, shape) for b in batches)))
+
+
+def _record_shape(batches: Sequence[PackedBatch]) -> tuple[int, ...] | None:
+    """A graph reads records only when every micro-batch it was built from has them."""
+    if all(b.record_rows_L is not None for b in batches):
+        return tuple(batches[0].record_store.row_shape)
+    return None
 
 
 def fits(b: PackedBatch, shape: PackedShape) -> bool:
@@ -90,6 +100,7 @@ def fits(b: PackedBatch, shape: PackedShape) -> bool:
     shared = b.key_index_J is not None
     return (
         b.routes_TNK is None
+        and (b.record_rows_L is None) == (shape.records is None)
         and b.num_tokens <= shape.tokens
         and (shape.shared or not shared)
         and (not shape.shared or _num_keys(b) + shape.tokens - b.num_tokens <= shape.keys)
@@ -198,6 +209,10 @@ def pad_packed(b: PackedBatch, shape: PackedShape) -> PackedBatch:
         max_keys=shape.max_keys if shape.shared else shape.max_segment,
         key_first_L=key_first_L,
         key_extra_E=key_extra_E,
+        # pad tokens read the zero row
+        record_rows_L=None
+        if b.record_rows_L is None or shape.records is None
+        else np.concatenate([b.record_rows_L, np.zeros(pad, dtype=np.int64)]),
     )
 
 

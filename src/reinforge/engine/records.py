@@ -1,0 +1,227 @@
+"""The residual stream the engine computed, kept for the trainer's update (issue 26).
+
+A checkpointed update runs each micro-batch's layers forward once without keeping activations,
+then again in the backward: about a fifth of G1's update. On policy, with one update per rollout,
+the engine already ran that first forward during generation, on the same weights (it reads the
+trainer's in place). With a `HiddenStore` attached (`ModelRunner.record_hidden`), every step also
+writes each layer's output for every token it computes ([T, layers, hidden], the residual
+stream after layer i: `qwen_forward.forward`'s `records_out`, no extra kernel) and the store
+copies it to host memory: rows of an arena of chunks (pinned on CUDA, copied on a side stream so
+the decode never waits; a decode graph's buffer goes through a small device ring first, since
+the next replay overwrites it). Each sequence keeps which row holds each of its positions
+(`HiddenRows`, as routing replay keeps routes); a completion carries them (`Completion.hidden`)
+and the trainer gathers a micro-batch's rows in its packed order (`gather`) to run its update
+from them (`train.packing.records`).
+
+A rollout's rows are valid until the store is reset (the trainer does, before each rollout) or
+the weights change (`invalidate`, after each optimizer step): a `HiddenRows` of an older
+generation is not used. Past `max_bytes` of rows a rollout stops recording (its micro-batches
+then run as before).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+CHUNK_BYTES = 1 << 30  # one host allocation of the arena
+RING = 4  # device copies of a decode graph's buffer in flight to the host
+
+
+class HiddenRows:
+    """Which arena row holds each position of one sequence (-1: not computed in this
+    generation), for positions 0 .. length - 1."""
+
+    def __init__(self, store: HiddenStore, capacity: int = 0):
+        self.store = store
+        self.generation = store.generation
+        self.rows_P = np.full(max(capacity, 1), -1, dtype=np.int64)
+        self.length = 0
+        self.token_ids: list[int] | None = None  # (`completed`)
+
+    def write(self, start: int, rows: np.ndarray) -> None:
+        end = start + len(rows)
+        if end > len(self.rows_P):
+            grown = np.full(max(end, 2 * len(self.rows_P)), -1, dtype=np.int64)
+            grown[: self.length] = self.rows_P[: self.length]
+            self.rows_P = grown
+        self.rows_P[start:end] = rows
+        self.length = max(self.length, end)
+
+    def prefix(self, num_positions: int) -> HiddenRows:
+        """A copy holding the first `num_positions` positions (what a completion carries)."""
+        out = HiddenRows(self.store, num_positions)
+        out.generation = self.generation
+        n = min(num_positions, self.length)
+        out.rows_P[:n] = self.rows_P[:n]
+        out.length = num_positions
+        return out
+
+    fork = prefix  # a session's child shares its parent's first positions
+
+    def completed(self, token_ids: list[int]) -> HiddenRows:
+        """What a finished sequence's completion carries: the rows of every position but the
+        last (whose output predicts nothing) and the ids the engine computed them from, which
+        the trainer checks against the ids it trains on."""
+        out = self.prefix(len(token_ids) - 1)
+        out.token_ids = token_ids
+        return out
+
+    @property
+    def valid(self) -> bool:
+        """Rows of the store's current generation (the weights that computed them)."""
+        return self.generation == self.store.generation and not self.store.overflowed
+
+
+class HiddenStore:
+    """Host rows of [layers, hidden] residual streams, written by the engine's steps."""
+
+    def __init__(self, num_layers: int, hidden: int, dtype: torch.dtype, device, max_bytes: int):
+        self.row_shape = (num_layers, hidden)
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.row_bytes = num_layers * hidden * dtype.itemsize
+        self.chunk_rows = max(CHUNK_BYTES // self.row_bytes, 1)
+        self.max_rows = max(max_bytes // self.row_bytes, 0)
+        self.chunks: list[torch.Tensor] = []  # host [chunk_rows, layers, hidden]
+        self.cursor = 1  # row 0 is zeros: positions never computed (a completion's last token)
+        self.generation = 0
+        self.overflowed = False  # this generation ran past max_rows: its rows are not used
+        self.cuda = self.device.type == "cuda"
+        self.stream = torch.cuda.Stream(self.device) if self.cuda else None
+        self.ring: list[torch.Tensor] = []  # device copies of graph buffers, in turn
+        self.ring_events: list[torch.cuda.Event | None] = []
+        self.num_copies = 0
+        self.last_event: torch.cuda.Event | None = None
+
+    @property
+    def num_rows(self) -> int:
+        return self.cursor
+
+    def reset(self) -> None:
+        """A new generation: rows written from now on, over the old ones."""
+        self.generation += 1
+        self.cursor = 1
+        self.overflowed = False
+
+    def invalidate(self) -> None:
+        """The weights changed: rows written so far are stale."""
+        self.generation += 1
+        self.overflowed = False
+
+    def new_rows(self, capacity: int) -> HiddenRows:
+        return HiddenRows(self, capacity)
+
+    def _room(self, n: int) -> bool:
+        end = self.cursor + n
+        if end > self.max_rows:
+            self.overflowed = True
+            return False
+        while len(self.chunks) * self.chunk_rows < end:
+            shape = (self.chunk_rows, *self.row_shape)
+            chunk = torch.empty(shape, dtype=self.dtype, pin_memory=self.cuda)
+            if not self.chunks:
+                chunk[0].zero_()
+            self.chunks.append(chunk)
+        return True
+
+    def write(
+        self,
+        records_TNH: torch.Tensor,
+        spans: list[tuple[list[Any], int, int]],
+        reused: bool = False,
+    ) -> None:
+        """A step's records (on the device) into fresh rows, and each span's sequences told
+        which rows hold positions start .. end - 1 (a prefill's rows go to every member of the
+        group, whose prompt they are). `reused`: a buffer the next step overwrites (a decode
+        graph's), copied on the device first. Queued, not waited for."""
+        T = records_TNH.shape[0]
+        if self.overflowed or T == 0 or not self._room(T):
+            return
+        base = self.cursor
+        self.cursor += T
+        self._copy(records_TNH, base, reused)
+        offset = 0
+        for seqs, start, end in spans:
+            rows = np.arange(base + offset, base + offset + end - start, dtype=np.int64)
+            offset += end - start
+            for seq in seqs:
+                if seq.hidden is None or not seq.hidden.valid:
+                    seq.hidden = self.new_rows(seq.num_prompt_tokens + seq.params.max_new_tokens)
+                seq.hidden.write(start, rows)
+        assert offset == T, "one record row per computed token"
+
+    def _copy(self, records_TNH: torch.Tensor, base: int, reused: bool) -> None:
+        """Rows base .. base + T - 1 from the device, split over chunks where they cross one."""
+        T = records_TNH.shape[0]
+        if not self.cuda:
+            for dst, lo, hi in self._pieces(base, T):
+                dst.copy_(records_TNH[lo:hi])
+            return
+        compute = torch.cuda.current_stream(self.device)
+        source = records_TNH
+        slot = self.num_copies % RING
+        if reused:
+            self.num_copies += 1
+            while len(self.ring) < RING:
+                self.ring.append(torch.empty(0, dtype=self.dtype, device=self.device))
+                self.ring_events.append(None)
+            event = self.ring_events[slot]
+            if event is not None:  # its last copy to the host is done before it is written again
+                compute.wait_event(event)
+            if self.ring[slot].shape[0] < T:  # (a bigger bucket)
+                shape = (T, *self.row_shape)
+                self.ring[slot] = torch.empty(shape, dtype=self.dtype, device=self.device)
+            source = self.ring[slot][:T]
+            source.copy_(records_TNH)  # on the compute stream, after the step
+        assert self.stream is not None
+        self.stream.wait_stream(compute)
+        with torch.cuda.stream(self.stream):
+            for dst, lo, hi in self._pieces(base, T):
+                dst.copy_(source[lo:hi], non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        if reused:
+            self.ring_events[slot] = done
+        else:  # the step's own tensor: its memory waits for the copy before reuse
+            records_TNH.record_stream(self.stream)
+        self.last_event = done
+
+    def _pieces(self, base: int, n: int):
+        """(host rows, lo, hi): where rows base .. base + n - 1 lie, chunk by chunk."""
+        lo = 0
+        while lo < n:
+            row = base + lo
+            chunk, r = divmod(row, self.chunk_rows)
+            hi = min(n, lo + self.chunk_rows - r)
+            yield self.chunks[chunk][r : r + hi - lo], lo, hi
+            lo = hi
+
+    def wait(self) -> None:
+        """Every queued copy to the host done (before the trainer reads the rows)."""
+        if self.last_event is not None:
+            self.last_event.synchronize()
+
+    def gather(self, rows_L: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows `rows_L` (0: zeros) as (records [L, layers, hidden], index [L]): position p's
+        row is `records[index[p]]`. The records lie chunk by chunk (one parallel copy each, no
+        second pass to restore the order: the device's gather by `index` does that); pinned on
+        CUDA, so their copy to the device need not wait."""
+        self.wait()
+        L = len(rows_L)
+        rows_L = np.asarray(rows_L, dtype=np.int64)
+        out = torch.empty((L, *self.row_shape), dtype=self.dtype, pin_memory=self.cuda)
+        chunk_L = rows_L // self.chunk_rows
+        order = np.argsort(chunk_L, kind="stable")
+        counts = np.bincount(chunk_L, minlength=len(self.chunks))
+        start = 0
+        for c, n in enumerate(counts.tolist()):
+            if n:
+                local = torch.from_numpy(rows_L[order[start : start + n]] - c * self.chunk_rows)
+                torch.index_select(self.chunks[c], 0, local, out=out[start : start + n])
+            start += n
+        index = np.empty(L, dtype=np.int64)
+        index[order] = np.arange(L, dtype=np.int64)
+        return out, torch.from_numpy(index)

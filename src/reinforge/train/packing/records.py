@@ -1,0 +1,154 @@
+"""The update's forward from the engine's records (issue 26): no first forward through the layers.
+
+A checkpointed micro-batch runs its layers forward once keeping only each layer's input, then
+per layer, in the backward, recomputes it with activations kept and backpropagates. When the
+engine recorded the residual stream after every layer for every token of the micro-batch
+(`engine.records`: on policy, same weights, one update per rollout), that first forward is
+already done: each layer's output is its record. Here the forward only embeds the tokens and
+hands each layer's record on as its output (`_FromRecord`, nothing computed), the final norm
+and the loss read the last one, and the backward recomputes each layer from its input (the
+record before it, or the embedding) and backpropagates through it, exactly as a reentrant
+checkpoint does. The arithmetic per micro-batch falls from two forwards and a backward to one
+of each; the memory is the checkpointed forward's (one layer's activations at a time; the
+records take the place of the checkpoints).
+
+The numbers: logprobs and gradients are the trainer's own at the engine's hidden states, which
+differ from the trainer's forward by the two kernels' rounding (bf16); in float32 they match the
+plain path (`tests/train/test_records.py`). A micro-batch with a sequence whose records are
+missing, stale or for other ids runs the plain forward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def sequence_rows(prompt_ids: Sequence[int], completion_ids: Sequence[int], hidden: Any):
+    """The host rows of each position of prompt + completion (0: zeros, for the last position,
+    whose output predicts nothing), or None when the records cannot serve: none, stale (the
+    weights changed), over the store's room, for other ids, or with a position missing."""
+    if hidden is None or not hidden.valid or hidden.token_ids is None:
+        return None
+    n = len(prompt_ids) + len(completion_ids)
+    engine_ids = hidden.token_ids
+    if len(engine_ids) < n or engine_ids[: len(prompt_ids)] != list(prompt_ids):
+        return None
+    if engine_ids[len(prompt_ids) : n] != list(completion_ids):
+        return None
+    rows = np.zeros(n, dtype=np.int64)
+    known = min(hidden.length, n)
+    rows[:known] = hidden.rows_P[:known]
+    if known < n - 1 or (rows[: n - 1] <= 0).any():
+        return None
+    return rows
+
+
+def packed_record_rows(chosen, rows_of: list[tuple[int, int]], length: int):
+    """(rows [length], store) for a packed row (`pack_one`'s layout: `rows_of` gives each
+    sequence's prompt and completion start), or (None, None) unless every sequence's records
+    serve and come from one store."""
+    if not chosen or any(getattr(s, "hidden", None) is None for s in chosen):
+        return None, None
+    stores = {id(s.hidden.store) for s in chosen}
+    if len(stores) != 1:
+        return None, None
+    out = np.zeros(length, dtype=np.int64)
+    for s, (prompt_row, completion_row) in zip(chosen, rows_of):
+        rows = sequence_rows(s.prompt_ids, s.completion_ids, s.hidden)
+        if rows is None:
+            return None, None
+        num_prompt = len(s.prompt_ids)
+        out[prompt_row : prompt_row + num_prompt] = rows[:num_prompt]
+        out[completion_row : completion_row + len(s.completion_ids)] = rows[num_prompt:]
+    return out, chosen[0].hidden.store
+
+
+@contextlib.contextmanager
+def unchecked(layer):
+    """`layer` called without transformers' gradient checkpointing (its recompute is ours)."""
+    before = getattr(layer, "gradient_checkpointing", False)
+    layer.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        layer.gradient_checkpointing = before
+
+
+class _FromRecord(torch.autograd.Function):
+    """A layer whose output is its record: the forward computes nothing; the backward runs the
+    layer from its input (the embedding, or the record before it, gathered then) with
+    activations kept and backpropagates through it. Only the last layer's output is read in the
+    forward (by the final norm): the others hand on a placeholder without memory."""
+
+    @staticmethod
+    def forward(ctx, input_1LH, call, saved_input, output):
+        """`saved_input`: the input itself (the embedding) or a function that gathers it;
+        `output`: a function that gathers the record, or None (a placeholder)."""
+        ctx.call = call
+        if callable(saved_input):
+            ctx.gather = saved_input
+        else:
+            ctx.gather = None
+            ctx.save_for_backward(input_1LH)
+        if output is None:
+            return input_1LH.new_zeros(()).expand(input_1LH.shape)
+        return output()
+
+    @staticmethod
+    def backward(ctx, grad_1LH):
+        saved = ctx.gather() if ctx.gather is not None else ctx.saved_tensors[0]
+        x = saved.detach().requires_grad_(True)
+        with torch.enable_grad():
+            out = ctx.call(x)
+        torch.autograd.backward(out, grad_1LH)
+        return x.grad, None, None, None
+
+
+def recorded_hidden_states(model, batch, attention_kwargs: dict) -> torch.Tensor:
+    """Final (normed) hidden states of the packed row, [L, H], from `batch.records_LNH`
+    (module docstring); `attention_kwargs`: `packed_attention_kwargs(model, batch)`."""
+    decoder = model.get_decoder()
+    records_LNH, index_L = batch.records_LNH, batch.records_index_L
+    layers = list(decoder.layers)
+    assert records_LNH.shape[1] == len(layers), (records_LNH.shape, len(layers))
+    kwargs = dict(attention_kwargs)
+    mask = kwargs.pop("attention_mask", None)
+    position_ids = batch.position_ids_L[None]
+    hidden = decoder.embed_tokens(batch.input_ids_L[None])
+    position_embeddings = decoder.rotary_emb(hidden, position_ids)
+    layer_kwargs = {
+        # (a varlen implementation reads the segments from the kwargs; a mask implementation
+        # takes the 4-D mask as the decoder would pass it)
+        "attention_mask": mask if mask is not None and mask.dim() == 4 else None,
+        "position_embeddings": position_embeddings,
+        "position_ids": position_ids,
+        **kwargs,
+    }
+    dtype = hidden.dtype
+
+    def record(k: int):  # layer k's output in the row's order, [1, L, H]
+        return lambda: records_LNH[:, k].index_select(0, index_L)[None].to(dtype)
+
+    last = len(layers) - 1
+    for k, layer in enumerate(layers):
+        hidden = _FromRecord.apply(
+            hidden,
+            _layer_call(layer, layer_kwargs),
+            hidden if k == 0 else record(k - 1),
+            record(k) if k == last else None,
+        )
+    return decoder.norm(hidden)[0]
+
+
+def _layer_call(layer, kwargs: dict):
+    def call(x):
+        with unchecked(layer):
+            out = layer(x, **kwargs)
+        return out[0] if isinstance(out, tuple) else out
+
+    return call

@@ -1,0 +1,123 @@
+"""The engine's records of its residual streams (`engine.records`; tiny random models, CPU
+float32): with a store attached every completion carries the host row of each position before
+its last token, and each row is transformers' own output of every decoder layer at that position
+(its forward over prompt + completion); a group's samples share their prompt's rows; preempted
+and continued sequences keep aligned rows; a reset makes old rows stale; past its room a store
+stops recording and says so."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from reinforge.engine.base import SamplingParams
+from reinforge.engine.paged import PagedEngine
+from reinforge.engine.session import EngineSession
+
+from .conftest import FAMILIES, build_model
+
+PROMPTS = [[5, 9, 13, 2, 7], [11, 3, 8], [4, 4, 6, 1, 9, 12, 30]]
+
+
+def hf_layer_outputs(model, ids: list[int]) -> torch.Tensor:
+    """[positions, layers, hidden]: each decoder layer's output in transformers' forward."""
+    outs = []
+    hooks = [
+        layer.register_forward_hook(
+            lambda _m, _a, out: outs.append(out[0] if isinstance(out, tuple) else out)
+        )
+        for layer in model.model.layers
+    ]
+    try:
+        with torch.no_grad():
+            model(torch.tensor([ids]))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return torch.stack([o[0] for o in outs], dim=1)
+
+
+def recorded(completion) -> torch.Tensor:
+    hidden = completion.hidden
+    store = hidden.store
+    assert hidden.valid and hidden.length == len(hidden.token_ids) - 1
+    records, index = store.gather(hidden.rows_P[: hidden.length])
+    return records[index]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_records_are_every_layers_output(micro_dir, tokenizer, family, monkeypatch):
+    model = build_model(family, micro_dir, tokenizer)
+    engine = PagedEngine(model, tokenizer, block_size=4)
+    if family == "qwen2":  # host chunks of 7 rows: steps and gathers cross chunks
+        from reinforge.engine import records
+
+        row = model.config.num_hidden_layers * model.config.hidden_size * 4
+        monkeypatch.setattr(records, "CHUNK_BYTES", 7 * row)
+    store = engine.runner.record_hidden(1 << 30)
+    params = SamplingParams(max_new_tokens=9, temperature=1.0, n=2, seed=3, ignore_eos=True)
+    outputs = engine.generate(PROMPTS, params)
+    for prompt, group in zip(PROMPTS, outputs):
+        for completion in group:
+            ids = prompt + completion.token_ids
+            assert completion.hidden.token_ids == ids
+            torch.testing.assert_close(
+                recorded(completion), hf_layer_outputs(model, ids)[:-1], atol=2e-5, rtol=2e-5
+            )
+        first, second = group  # the prompt computed once, for both
+        n = len(prompt)
+        np.testing.assert_array_equal(first.hidden.rows_P[:n], second.hidden.rows_P[:n])
+        assert first.hidden.rows_P[n] != second.hidden.rows_P[n]
+    # every computed token has one row: prompts once per group, each sample's tokens but the last
+    computed = sum(len(p) + 2 * (9 - 1) for p in PROMPTS)
+    assert store.num_rows == 1 + computed
+    assert len(store.chunks) == (-(-store.num_rows // 7) if family == "qwen2" else 1)
+    store.reset()  # a new rollout: the old completions' rows are stale
+    assert not outputs[0][0].hidden.valid
+    plain = PagedEngine(model, tokenizer, block_size=4).generate(PROMPTS, params)
+    assert plain[0][0].hidden is None
+    assert [c.token_ids for g in plain for c in g] == [c.token_ids for g in outputs for c in g]
+
+
+def test_preempted_and_continued_sequences_keep_aligned_records(micro_dir, tokenizer):
+    """A pool too small for every sequence at once (preemption recomputes a sequence), and a
+    session that continues a finished sequence with more ids (only those are prefilled)."""
+    model = build_model("qwen2", micro_dir, tokenizer)
+    engine = PagedEngine(model, tokenizer, block_size=4, num_blocks=12)
+    engine.runner.record_hidden(1 << 30)
+    params = SamplingParams(max_new_tokens=14, temperature=1.0, n=3, seed=1, ignore_eos=True)
+    outputs = engine.generate(PROMPTS[:2], params)
+    assert engine.stats.extra["num_preemptions"] > 0
+    for prompt, group in zip(PROMPTS, outputs):
+        for completion in group:
+            ids = prompt + completion.token_ids
+            torch.testing.assert_close(
+                recorded(completion), hf_layer_outputs(model, ids)[:-1], atol=2e-5, rtol=2e-5
+            )
+    session = EngineSession(engine, SamplingParams(temperature=0.0, ignore_eos=True), max_len=64)
+    (seq,) = session.add(PROMPTS[1], seeds=[5], max_new_tokens=4)
+    while not seq.is_finished:
+        session.step()
+    longer = session.extend(seq, [40, 41, 42], seed=6, max_new_tokens=4)
+    while session.has_work():
+        session.step()
+    session.close()
+    completion = engine._completion(longer)
+    torch.testing.assert_close(
+        recorded(completion), hf_layer_outputs(model, longer.token_ids)[:-1], atol=2e-5, rtol=2e-5
+    )
+
+
+def test_a_store_past_its_room_stops_recording(micro_dir, tokenizer):
+    model = build_model("qwen2", micro_dir, tokenizer)
+    engine = PagedEngine(model, tokenizer, block_size=4)
+    row = model.config.num_hidden_layers * model.config.hidden_size * 4
+    store = engine.runner.record_hidden(40 * row)  # room for 40 rows: fewer than a rollout
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, n=4, seed=2, ignore_eos=True)
+    outputs = engine.generate(PROMPTS, params)
+    assert store.overflowed and store.num_rows <= 40
+    assert not any(c.hidden.valid for g in outputs for c in g)
+    store.reset()  # the next rollout records again
+    small = engine.generate(PROMPTS[1:2], SamplingParams(max_new_tokens=3, seed=2))
+    assert small[0][0].hidden.valid

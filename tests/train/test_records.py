@@ -1,0 +1,220 @@
+"""The update from the engine's records (`train.packing.records`, `train.engine_records`; the
+micro model, CPU float32): logprobs, entropies and every gradient equal the checkpointed plain
+path's, with and without shared prompts, for the mask and varlen attention implementations,
+padded to a graph's shape too; records that do not serve (other ids, stale, missing) leave the
+micro-batch to the plain path; an RL step from records equals one without them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reinforge.checkpoint import TrainerState
+from reinforge.engine.base import SamplingParams
+from reinforge.engine.paged import PagedEngine
+from reinforge.models.loading import load_tokenizer
+from reinforge.models.tiny import builtin_path
+from reinforge.train.loop import rl
+from reinforge.train.packing import PackSequence, gather_records, pack_one, packed_logprobs
+from reinforge.train.packing.attention import select_packed_attention
+from reinforge.train.packing.static import common_shape, pad_packed
+from reinforge.train.planner.memory import MemoryChoice
+from tests.train.test_packing import load_micro
+from tests.train.test_rl_loop import (
+    DigitTasks,
+    NullLogger,
+    make_learner,
+    make_policy,
+    micro_step_config,
+)
+
+PROMPTS = [[5, 9, 13, 2, 7], [11, 3, 8], [4, 4, 6, 1, 9, 12, 30]]
+
+
+def generated(model, n: int = 3, max_new_tokens: int = 7) -> list[PackSequence]:
+    """The engine's completions of PROMPTS (n each) as sequences carrying their records."""
+    tokenizer = load_tokenizer(builtin_path("micro", 0))
+    engine = PagedEngine(model, tokenizer, block_size=4)
+    engine.runner.record_hidden(1 << 30)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, n=n, seed=4)
+    out = engine.generate(PROMPTS, params)
+    return [
+        PackSequence(prompt, c.token_ids, hidden=c.hidden)
+        for prompt, group in zip(PROMPTS, out)
+        for c in group
+    ]
+
+
+def checkpointed(attention: str):
+    model = load_micro()
+    if attention != "sdpa":
+        select_packed_attention(model, attention)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
+def run(model, batch):
+    """Logprobs, entropies and every gradient of one weighted loss over the packed row."""
+    model.zero_grad(set_to_none=True)
+    logprobs_K, entropy_K = packed_logprobs(model, batch)
+    weights = torch.linspace(-1.0, 2.0, logprobs_K.numel())
+    ((logprobs_K * weights).sum() + 0.1 * entropy_K.sum()).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    return logprobs_K.detach(), entropy_K.detach(), grads
+
+
+def assert_same(a, b):
+    torch.testing.assert_close(a[0], b[0], atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(a[1], b[1], atol=2e-5, rtol=2e-5)
+    for plain, recorded in zip(a[2], b[2]):
+        torch.testing.assert_close(plain, recorded, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "reference", "padded"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_update_from_records_equals_the_checkpointed_one(attention, shared):
+    model = checkpointed(attention)
+    seqs = generated(model)
+    batch = pack_one(seqs, range(len(seqs)), share_prompts=shared)
+    assert batch.record_rows_L is not None and (batch.key_index_J is not None) == shared
+    with_records = gather_records(batch)
+    config = model.config
+    shape = (batch.num_tokens, config.num_hidden_layers, config.hidden_size)
+    assert with_records.records_LNH.shape == shape
+    plain = run(model, batch)
+    recorded = run(model, with_records)
+    assert_same(plain, recorded)
+    # padded to a larger graph shape: the pad tokens read the zero row, the real ones as before
+    shape = common_shape([batch], tokens=batch.num_tokens + 9, room=1.2)
+    padded = gather_records(pad_packed(batch, shape))
+    assert padded.records_LNH.shape[0] == shape.tokens
+    assert not padded.records_LNH[padded.records_index_L[batch.num_tokens :]].any()
+    logprobs_K, _, grads = run(model, padded)
+    real = logprobs_K[: plain[0].numel()]
+    torch.testing.assert_close(real, plain[0], atol=2e-5, rtol=2e-5)
+    for a, b in zip(plain[2], grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_the_records_must_fit_the_ids_be_fresh_and_complete():
+    model = checkpointed("sdpa")
+    seqs = generated(model, n=2)
+    assert pack_one(seqs, range(len(seqs))).record_rows_L is not None
+    # the trainer's ids differ from what the engine computed: that micro-batch runs plain
+    other = list(seqs)
+    other[1] = PackSequence(
+        seqs[1].prompt_ids, [*seqs[1].completion_ids[:-2], 99, 98], hidden=seqs[1].hidden
+    )
+    assert pack_one(other, range(len(other))).record_rows_L is None
+    # a completion cut short (a prefix of what the engine computed) still reads its rows
+    cut = [PackSequence(s.prompt_ids, s.completion_ids[:3], hidden=s.hidden) for s in seqs]
+    cut_batch = pack_one(cut, range(len(cut)))
+    assert cut_batch.record_rows_L is not None
+    assert_same(run(model, cut_batch), run(model, gather_records(cut_batch)))
+    # a sequence without records
+    missing = [*seqs[:-1], PackSequence(seqs[-1].prompt_ids, seqs[-1].completion_ids)]
+    assert pack_one(missing, range(len(missing))).record_rows_L is None
+    # the weights changed (an optimizer step) or a new rollout began: stale
+    seqs[0].hidden.store.invalidate()
+    assert pack_one(seqs, range(len(seqs))).record_rows_L is None
+
+
+def test_an_rl_step_from_records_equals_one_without(tmp_path):
+    """One GRPO step (KL reference, several micro-batches) from the same seed: the same loss,
+    gradient norm and gradients with `train.engine_records` on (every micro-batch from records)
+    as off; the records go stale after the step's optimizer step."""
+    results = {}
+    for records in (True, False):
+        torch.manual_seed(0)
+        cfg = micro_step_config(
+            "optim.lr=3e-3",
+            "train.micro_batch_tokens=120",
+            "algorithm.kl_coef=0.05",
+            f"train.engine_records={str(records).lower()}",
+        )
+        policy = make_policy(cfg)
+        policy.model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
+        memory = MemoryChoice(cfg.train.micro_batch_tokens, True, None, "set by the test")
+        policy.setup = policy.setup.__class__(
+            policy.setup.source, policy.setup.device, policy.setup.dtype, memory
+        )
+        learner = make_learner(cfg, tmp_path / str(records), policy)
+        params = list(learner.policy.model.parameters())
+        grads = []
+        step = learner.optimizer.step
+
+        def recording_step(*args, _step=step, _params=params, _grads=grads, **kwargs):
+            _grads.extend(p.grad.detach().clone() for p in _params)
+            return _step(*args, **kwargs)
+
+        learner.optimizer.step = recording_step
+        m = rl.rl_step(
+            cfg, learner, DigitTasks(cfg.task), TrainerState("rl", 0, 0), 1, NullLogger()
+        )
+        results[records] = (m, grads)
+        store = learner.policy.engine.runner.records
+        if records:
+            assert store is not None and store.num_rows > 1
+            assert m["records_micro_batches"] >= 2, m.get("records_micro_batches")
+            assert store.generation >= 2  # reset for the rollout, then stale after the step
+        else:
+            assert store is None and "records_micro_batches" not in m
+    (on, on_w), (off, off_w) = results[True], results[False]
+    for key in ("loss", "grad_norm", "kl_ref", "reward_mean"):
+        assert abs(on[key] - off[key]) <= 1e-5 + 1e-4 * abs(off[key]), key
+    for a, b in zip(on_w, off_w):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_captured_update_from_records_has_the_plain_ones_gradient_on_cuda(
+    tmp_path, capsys, compiled
+):
+    """On the GPU (bf16, the paged engine's Triton forward and decode graphs recording, varlen
+    attention, checkpointing, a kept update graph, compiled layers or not): two RL steps at
+    learning rate 0 with `train.engine_records` on and off sample the same tokens, and the
+    update replayed from records has the plain update's gradients and metrics."""
+    from reinforge.train.loop.session import Policy, policy_engine
+
+    from .test_step_graphs import cuda_policy
+    from .test_update import RecordingSGD
+
+    base = [
+        "rollout.temperature=0.7",
+        "algorithm.kl_coef=0",
+        "optim.max_grad_norm=1e9",
+        "train.micro_batch_tokens=48",
+        "train.cuda_graphs=run",
+    ]
+    results = []
+    for records in ("false", "true"):
+        cfg = micro_step_config(*base, f"train.engine_records={records}")
+        torch.manual_seed(0)
+        trainer = cuda_policy(cfg, compiled)
+        engine = policy_engine(cfg, trainer.model, trainer.tokenizer, 1 << 28)
+        policy = Policy(trainer.model, trainer.tokenizer, engine, trainer.source, trainer.setup)
+        learner = make_learner(cfg, tmp_path / records, policy)
+        learner.optimizer = RecordingSGD(learner.policy.model.parameters(), lr=0.0)
+        learner.scheduler = torch.optim.lr_scheduler.LambdaLR(learner.optimizer, lambda s: 1.0)
+        steps = []
+        for step in (1, 2):
+            m = rl.rl_step(
+                cfg, learner, DigitTasks(cfg.task), TrainerState("rl", 0, 0), step, NullLogger()
+            )
+            steps.append((learner.optimizer.grads, m))
+        results.append(steps)
+    out = capsys.readouterr().out
+    assert "capturing the update failed" not in out, out
+    for (plain_grads, plain), (recorded_grads, recorded) in zip(*results):
+        assert "records_micro_batches" not in plain
+        assert recorded["records_micro_batches"] >= 2 and recorded.get("graph_replay", 0) >= 1
+        assert recorded["reward_mean"] == plain["reward_mean"]  # the same samples
+        for a, b in zip(plain_grads, recorded_grads):
+            torch.testing.assert_close(b.float(), a.float(), atol=1e-3, rtol=2e-2)
+        for key in ("loss", "kl_sampler", "entropy"):
+            if key in plain:
+                assert recorded[key] == pytest.approx(plain[key], rel=2e-2, abs=1e-4), key
