@@ -115,8 +115,16 @@ def test_the_records_must_fit_the_ids_be_fresh_and_complete():
     missing = [*seqs[:-1], PackSequence(seqs[-1].prompt_ids, seqs[-1].completion_ids)]
     assert pack_one(missing, range(len(missing))).record_rows_L is None
     # the weights changed (an optimizer step) or a new rollout began: stale
-    seqs[0].hidden.store.invalidate()
+    store = seqs[0].hidden.store
+    store.invalidate()
     assert pack_one(seqs, range(len(seqs))).record_rows_L is None
+    # and until the next rollout begins, generations record nothing (an evaluation's)
+    rows = store.num_rows
+    tokenizer = load_tokenizer(builtin_path("micro", 0))
+    engine = PagedEngine(model, tokenizer, block_size=4)
+    engine.runner.records = store
+    out = engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=3, seed=1))
+    assert out[0][0].hidden is None and store.num_rows == rows
 
 
 def test_an_rl_step_from_records_equals_one_without(tmp_path):

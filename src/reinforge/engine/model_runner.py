@@ -29,10 +29,10 @@ from reinforge.engine.lora_merge import MergedAdapters
 from reinforge.engine.pool_size import kv_bytes_per_block
 from reinforge.engine.qwen_forward import TORCH_OPS, ForwardOps, ModelShape, forward, rope_table
 from reinforge.engine.records import HiddenStore
-from reinforge.engine.sampling import row_uniform, sample_keyed
 from reinforge.engine.scheduler import Batch
 from reinforge.engine.sequence import Sequence, num_blocks_for
 from reinforge.engine.shared_mempool import MempoolPrefills, pool_block
+from reinforge.engine.step_sampling import StepSampling, uses_fused_sampler
 
 if TYPE_CHECKING:
     from reinforge.engine.cuda_graphs import DecodeGraphs
@@ -73,11 +73,7 @@ class LaunchedStep:
         return None if self.entropies is None else self.entropies.tolist()
 
 
-def uses_fused_sampler(params: SamplingParams) -> bool:
-    return params.top_p >= 1.0 and params.top_k == 0 and params.min_p == 0.0
-
-
-class ModelRunner:
+class ModelRunner(StepSampling):
     def __init__(
         self,
         model,
@@ -319,18 +315,6 @@ class ModelRunner:
         return step
 
     @torch.inference_mode()
-    def entropy(self, batch: Batch, logits_GV: torch.Tensor, temperature: float) -> torch.Tensor:
-        """Entropy (nats) of the distribution each sequence samples from: the logits the sampler
-        reads, scaled by the temperature (1 when greedy), before top-p / top-k / min-p."""
-        sizes = [len(group) for group in batch.groups]
-        logprobs_GV = torch.log_softmax(logits_GV.float() / (temperature or 1.0), dim=-1)
-        entropy_G = -(logprobs_GV.exp() * logprobs_GV).sum(-1)
-        if any(size > 1 for size in sizes):
-            repeats = torch.tensor(sizes, device=entropy_G.device)
-            entropy_G = entropy_G.repeat_interleave(repeats, output_size=sum(sizes))
-        return entropy_G
-
-    @torch.inference_mode()
     def run(
         self,
         batch: Batch,
@@ -394,51 +378,6 @@ class ModelRunner:
             return self.prefills.run(self.kv_mempool, self.device, run)
         return run()
 
-    @torch.inference_mode()
-    def sample(
-        self,
-        batch: Batch,
-        logits_GV: torch.Tensor,
-        params: SamplingParams,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ids, logprobs) on the device: one token per sequence of the batch; every member of
-        a group samples from its leader's logits. The noise of each draw is keyed by the
-        sequence's `sample_seed` and position, never by the batch it runs in."""
-        if batch.is_prefill:  # (a decode's groups are one sequence each)
-            sizes = [len(group) for group in batch.groups]
-            if any(size > 1 for size in sizes):
-                repeats = torch.tensor(sizes, device=logits_GV.device)
-                logits_GV = logits_GV.repeat_interleave(repeats, dim=0, output_size=sum(sizes))
-        if self.is_fast_path and uses_fused_sampler(params):
-            from reinforge.engine import cuda_graphs, triton_sampling
-
-            n = logits_GV.shape[0]
-            if self._graph_logits:
-                assert self.graphs is not None
-                seeds = self.graphs.row(cuda_graphs.SEEDS, n)
-                positions = self.graphs.row(cuda_graphs.OUTPUT_POSITIONS, n)
-            else:
-                seqs = batch.seqs
-                seeds = eager_inputs.longs([seq.sample_seed for seq in seqs], self.device)
-                positions = eager_inputs.longs([seq.num_output_tokens for seq in seqs], self.device)
-            if params.temperature > 0.0:
-                ids, lps = triton_sampling.sample_inverse_cdf(
-                    logits_GV, params.temperature, seeds, positions
-                )
-            else:
-                ids, lps = triton_sampling.sample_gumbel(logits_GV, 0.0, seeds, positions)
-        else:
-            uniforms = [row_uniform(seq.sample_seed, seq.num_output_tokens) for seq in batch.seqs]
-            ids, lps = sample_keyed(
-                logits_GV,
-                params.temperature,
-                params.top_p,
-                params.top_k,
-                params.min_p,
-                uniforms,
-            )
-        return ids, lps
-
     def _routes_to_host(self) -> torch.Tensor | None:
         """Start copying the last step's routes to the host (pinned memory on CUDA)."""
         routes = self.last_routes
@@ -446,29 +385,6 @@ class ModelRunner:
             return routes
         host = torch.empty(routes.shape, dtype=routes.dtype, pin_memory=True)
         return host.copy_(routes, non_blocking=True)
-
-    def _fetch(self, ids: torch.Tensor, logprobs: torch.Tensor):
-        """Start copying the step's results to the host; (ids, logprobs, event) to wait on."""
-        if self.device.type != "cuda":
-            return ids, logprobs, None
-        n = ids.shape[0]
-        if len(self._host_results) < 2 or self._host_results[0][0].shape[0] < n:
-            size = max(n, self.max_num_seqs)
-            self._host_results = [
-                (
-                    torch.empty(size, dtype=torch.long, pin_memory=True),
-                    torch.empty(size, dtype=torch.float32, pin_memory=True),
-                )
-                for _ in range(2)
-            ]
-        # two buffers in turn: a step launched ahead must not overwrite the one being read
-        host_ids, host_logprobs = self._host_results[self._num_fetches % 2]
-        self._num_fetches += 1
-        host_ids[:n].copy_(ids, non_blocking=True)
-        host_logprobs[:n].copy_(logprobs, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return host_ids[:n], host_logprobs[:n], event
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if not copies:

@@ -89,6 +89,9 @@ class HiddenStore:
         self.cursor = 1  # row 0 is zeros: positions never computed (a completion's last token)
         self.generation = 0
         self.overflowed = False  # this generation ran past max_rows: its rows are not used
+        # whether steps record now: a trainer records its rollouts only (not an evaluation's
+        # generations between steps: `reset` starts, `invalidate` stops)
+        self.active = True
         self.cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
         self.ring: list[torch.Tensor] = []  # device copies of graph buffers, in turn
@@ -105,11 +108,14 @@ class HiddenStore:
         self.generation += 1
         self.cursor = 1
         self.overflowed = False
+        self.active = True
 
     def invalidate(self) -> None:
-        """The weights changed: rows written so far are stale."""
+        """The weights changed: rows written so far are stale, and none are written until the
+        next `reset`."""
         self.generation += 1
         self.overflowed = False
+        self.active = False
 
     def new_rows(self, capacity: int) -> HiddenRows:
         return HiddenRows(self, capacity)
@@ -138,7 +144,7 @@ class HiddenStore:
         group, whose prompt they are). `reused`: a buffer the next step overwrites (a decode
         graph's), copied on the device first. Queued, not waited for."""
         T = records_TNH.shape[0]
-        if self.overflowed or T == 0 or not self._room(T):
+        if not self.active or self.overflowed or T == 0 or not self._room(T):
             return
         base = self.cursor
         self.cursor += T
