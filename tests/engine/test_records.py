@@ -42,8 +42,9 @@ def recorded(completion) -> torch.Tensor:
     hidden = completion.hidden
     store = hidden.store
     assert hidden.valid and hidden.length == len(hidden.token_ids) - 1
-    records, index = store.gather(hidden.rows_P[: hidden.length])
-    return records[index]
+    rows = torch.from_numpy(hidden.rows_P[: hidden.length])
+    layers = range(store.row_shape[0])
+    return torch.stack([store.read_layer(rows, k) for k in layers], dim=1)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -428,3 +428,28 @@ def test_engine_on_the_triton_path_matches_hf_greedy(models, tokenizer, monkeypa
 
 
 BACKEND = triton_attention.TRITON_BACKEND
+
+
+@runs_here
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gather_host_rows_reads_one_layer_of_rows_from_pinned_chunks(dtype):
+    """`triton_ops.gather_host_rows` (the update's read of the engine's records,
+    `engine.records`): rows spread over three host chunks, read by the device straight from
+    pinned memory, in any order, one layer's slice each; row 0 of the first chunk is zeros."""
+    generator = torch.Generator().manual_seed(5)
+    chunk_rows, layers, E = 5, 3, 896
+    pin = DEVICE.type == "cuda"
+    chunks = [
+        torch.randn(chunk_rows, layers, E, generator=generator).to(dtype).pin_memory()
+        if pin
+        else torch.randn(chunk_rows, layers, E, generator=generator).to(dtype)
+        for _ in range(3)
+    ]
+    chunks[0][0].zero_()
+    table = torch.tensor([c.data_ptr() for c in chunks], dtype=torch.int64, device=DEVICE)
+    rows = torch.tensor([7, 0, 14, 3, 3, 11, 5], dtype=torch.int64)
+    whole = torch.cat(chunks)
+    for layer in range(layers):
+        out = torch.full((len(rows), E), 9.0, dtype=dtype, device=DEVICE)
+        triton_ops.gather_host_rows(table, rows.to(DEVICE), chunk_rows, (layers, E), layer, out)
+        torch.testing.assert_close(out.cpu(), whole[rows, layer], atol=0, rtol=0)

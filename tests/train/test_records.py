@@ -6,6 +6,8 @@ micro-batch to the plain path; an RL step from records equals one without them."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -15,7 +17,7 @@ from reinforge.engine.paged import PagedEngine
 from reinforge.models.loading import load_tokenizer
 from reinforge.models.tiny import builtin_path
 from reinforge.train.loop import rl
-from reinforge.train.packing import PackSequence, gather_records, pack_one, packed_logprobs
+from reinforge.train.packing import PackSequence, pack_one, packed_logprobs
 from reinforge.train.packing.attention import select_packed_attention
 from reinforge.train.packing.static import common_shape, pad_packed
 from reinforge.train.planner.memory import MemoryChoice
@@ -77,18 +79,15 @@ def test_the_update_from_records_equals_the_checkpointed_one(attention, shared):
     seqs = generated(model)
     batch = pack_one(seqs, range(len(seqs)), share_prompts=shared)
     assert batch.record_rows_L is not None and (batch.key_index_J is not None) == shared
-    with_records = gather_records(batch)
-    config = model.config
-    shape = (batch.num_tokens, config.num_hidden_layers, config.hidden_size)
-    assert with_records.records_LNH.shape == shape
-    plain = run(model, batch)
-    recorded = run(model, with_records)
+    assert batch.record_rows_L.shape == (batch.num_tokens,)
+    plain = run(model, replace(batch, record_rows_L=None))
+    recorded = run(model, batch)
     assert_same(plain, recorded)
     # padded to a larger graph shape: the pad tokens read the zero row, the real ones as before
     shape = common_shape([batch], tokens=batch.num_tokens + 9, room=1.2)
-    padded = gather_records(pad_packed(batch, shape))
-    assert padded.records_LNH.shape[0] == shape.tokens
-    assert not padded.records_LNH[padded.records_index_L[batch.num_tokens :]].any()
+    padded = pad_packed(batch, shape)
+    assert shape.records is not None and padded.record_rows_L.shape == (shape.tokens,)
+    assert not padded.record_rows_L[batch.num_tokens :].any()
     logprobs_K, _, grads = run(model, padded)
     real = logprobs_K[: plain[0].numel()]
     torch.testing.assert_close(real, plain[0], atol=2e-5, rtol=2e-5)
@@ -110,7 +109,7 @@ def test_the_records_must_fit_the_ids_be_fresh_and_complete():
     cut = [PackSequence(s.prompt_ids, s.completion_ids[:3], hidden=s.hidden) for s in seqs]
     cut_batch = pack_one(cut, range(len(cut)))
     assert cut_batch.record_rows_L is not None
-    assert_same(run(model, cut_batch), run(model, gather_records(cut_batch)))
+    assert_same(run(model, replace(cut_batch, record_rows_L=None)), run(model, cut_batch))
     # a sequence without records
     missing = [*seqs[:-1], PackSequence(seqs[-1].prompt_ids, seqs[-1].completion_ids)]
     assert pack_one(missing, range(len(missing))).record_rows_L is None

@@ -357,23 +357,26 @@ class ModelRunner(StepSampling):
             shape = (input_ids.shape[0], *self.route_shape)
             self.last_routes = torch.empty(shape, dtype=self.route_dtype, device=self.device)
         self.last_records = None
-        if self.records is not None:
-            shape = (input_ids.shape[0], *self.records.row_shape)
-            self.last_records = torch.empty(shape, dtype=self.dtype, device=self.device)
-        run = lambda: forward(  # noqa: E731
-            self.model,
-            input_ids,
-            positions,
-            self.kv_cache,
-            meta,
-            logits_indices,
-            self.backend,
-            self.shape,
-            self.ops,
-            self.rope,
-            routes_out=self.last_routes,
-            records_out=self.last_records,
-        )
+
+        def run() -> torch.Tensor:
+            if self.records is not None:  # (a prefill's in the shared mempool, as its activations)
+                shape = (input_ids.shape[0], *self.records.row_shape)
+                self.last_records = torch.empty(shape, dtype=self.dtype, device=self.device)
+            return forward(
+                self.model,
+                input_ids,
+                positions,
+                self.kv_cache,
+                meta,
+                logits_indices,
+                self.backend,
+                self.shape,
+                self.ops,
+                self.rope,
+                routes_out=self.last_routes,
+                records_out=self.last_records,
+            )
+
         if batch.is_prefill and self.kv_mempool is not None:  # the update's free memory
             return self.prefills.run(self.kv_mempool, self.device, run)
         return run()

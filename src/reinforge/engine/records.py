@@ -10,8 +10,9 @@ copies it to host memory: rows of an arena of chunks (pinned on CUDA, copied on 
 the decode never waits; a decode graph's buffer goes through a small device ring first, since
 the next replay overwrites it). Each sequence keeps which row holds each of its positions
 (`HiddenRows`, as routing replay keeps routes); a completion carries them (`Completion.hidden`)
-and the trainer gathers a micro-batch's rows in its packed order (`gather`) to run its update
-from them (`train.packing.records`).
+and the trainer reads a micro-batch's rows layer by layer in its packed order (`read_layer`: on
+CUDA a kernel reads the pinned host rows directly, no host gather and no device copy of the
+micro-batch) to run its update from them (`train.packing.records`).
 
 A rollout's rows are valid until the store is reset (the trainer does, before each rollout) or
 the weights change (`invalidate`, after each optimizer step): a `HiddenRows` of an older
@@ -28,6 +29,7 @@ import torch
 
 CHUNK_BYTES = 1 << 30  # one host allocation of the arena
 RING = 4  # device copies of a decode graph's buffer in flight to the host
+MAX_CHUNKS = 1024  # of the device's table of chunk addresses (1 TiB of rows)
 
 
 class HiddenRows:
@@ -98,6 +100,8 @@ class HiddenStore:
         self.ring_events: list[torch.cuda.Event | None] = []
         self.num_copies = 0
         self.last_event: torch.cuda.Event | None = None
+        self.table: torch.Tensor | None = None  # (`pointer_table`)
+        self.table_len = 0
 
     @property
     def num_rows(self) -> int:
@@ -206,28 +210,42 @@ class HiddenStore:
             lo = hi
 
     def wait(self) -> None:
-        """Every queued copy to the host done (before the trainer reads the rows)."""
+        """Every queued copy to the host done (before the trainer reads the rows: its reads,
+        inside a captured graph too, cannot wait for a stream outside it)."""
         if self.last_event is not None:
             self.last_event.synchronize()
 
-    def gather(self, rows_L: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows `rows_L` (0: zeros) as (records [L, layers, hidden], index [L]): position p's
-        row is `records[index[p]]`. The records lie chunk by chunk (one parallel copy each, no
-        second pass to restore the order: the device's gather by `index` does that); pinned on
-        CUDA, so their copy to the device need not wait."""
-        self.wait()
-        L = len(rows_L)
-        rows_L = np.asarray(rows_L, dtype=np.int64)
-        out = torch.empty((L, *self.row_shape), dtype=self.dtype, pin_memory=self.cuda)
+    def read_layer(self, rows_L: torch.Tensor, layer: int, out: torch.Tensor | None = None):
+        """Layer `layer`'s records of rows `rows_L` (0: zeros), [L, hidden], on the device
+        `rows_L` is on. On CUDA a kernel reads them straight from the pinned host rows (mapped
+        into the device's address space: no copy on the host, no buffer on the device but the
+        result); elsewhere an index over the host rows. `out`: where to write them."""
+        L = rows_L.shape[0]
+        if out is None:
+            out = torch.empty((L, self.row_shape[1]), dtype=self.dtype, device=rows_L.device)
+        if rows_L.is_cuda:
+            from reinforge.engine.triton_ops import gather_host_rows
+
+            table = self.pointer_table(rows_L.device)
+            gather_host_rows(table, rows_L, self.chunk_rows, self.row_shape, layer, out)
+            return out
         chunk_L = rows_L // self.chunk_rows
-        order = np.argsort(chunk_L, kind="stable")
-        counts = np.bincount(chunk_L, minlength=len(self.chunks))
-        start = 0
-        for c, n in enumerate(counts.tolist()):
-            if n:
-                local = torch.from_numpy(rows_L[order[start : start + n]] - c * self.chunk_rows)
-                torch.index_select(self.chunks[c], 0, local, out=out[start : start + n])
-            start += n
-        index = np.empty(L, dtype=np.int64)
-        index[order] = np.arange(L, dtype=np.int64)
-        return out, torch.from_numpy(index)
+        local_L = rows_L - chunk_L * self.chunk_rows
+        for c, chunk in enumerate(self.chunks):
+            where = (chunk_L == c).nonzero().squeeze(1)
+            if where.numel():
+                out[where] = chunk[local_L[where], layer]
+        return out
+
+    def pointer_table(self, device) -> torch.Tensor:
+        """Each host chunk's address, [MAX_CHUNKS] int64 on the device: one tensor whose
+        contents grow with the arena (a captured graph reads the new ones)."""
+        if self.table is None:
+            self.table = torch.zeros(MAX_CHUNKS, dtype=torch.int64, device=device)
+            self.table_len = 0
+        if self.table_len < len(self.chunks):
+            assert len(self.chunks) <= MAX_CHUNKS, "more record chunks than the table holds"
+            ptrs = [c.data_ptr() for c in self.chunks[self.table_len :]]
+            self.table[self.table_len : len(self.chunks)] = torch.tensor(ptrs, dtype=torch.int64)
+            self.table_len = len(self.chunks)
+        return self.table

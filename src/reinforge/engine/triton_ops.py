@@ -232,3 +232,54 @@ def rope_write_kv(
         num_warps=2 if H * D <= 2048 else 4,
     )
     return q_THD, k_TKD
+
+
+@triton.jit
+def _gather_host_rows_kernel(
+    table_ptr,  # [chunks] int64: each chunk's address (pinned host memory, mapped)
+    rows_ptr,  # [L] int64: a global row per output row
+    out_ptr,  # [L, E]
+    chunk_rows,
+    row_stride,  # elements of one row: layers x E
+    layer_offset,  # elements before this layer within a row
+    E: tl.constexpr,
+    E_PAD: tl.constexpr,
+):
+    i = tl.program_id(0).to(tl.int64)
+    row = tl.load(rows_ptr + i)
+    chunk = row // chunk_rows
+    base = tl.load(table_ptr + chunk).to(tl.pointer_type(out_ptr.dtype.element_ty))
+    offs = tl.arange(0, E_PAD)
+    mask = offs < E
+    src = base + (row - chunk * chunk_rows) * row_stride + layer_offset + offs
+    tl.store(out_ptr + i * E + offs, tl.load(src, mask=mask, other=0.0), mask=mask)
+
+
+def gather_host_rows(
+    table: torch.Tensor,
+    rows_L: torch.Tensor,
+    chunk_rows: int,
+    row_shape: tuple[int, int],
+    layer: int,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """out[i] = the `layer` slice of global row rows_L[i] of a chunked host arena
+    ([chunk_rows, layers, E] per chunk, addresses in `table`), read by the device over the bus
+    (pinned memory is mapped into the device's address space)."""
+    L = rows_L.shape[0]
+    num_layers, E = row_shape
+    assert out.shape == (L, E) and out.is_contiguous() and rows_L.dtype == torch.int64
+    if L == 0:
+        return out
+    _gather_host_rows_kernel[(L,)](
+        table,
+        rows_L,
+        out,
+        chunk_rows,
+        num_layers * E,
+        layer * E,
+        E=E,
+        E_PAD=triton.next_power_of_2(E),
+        num_warps=min(8, max(1, triton.next_power_of_2(E) // 256)),
+    )
+    return out

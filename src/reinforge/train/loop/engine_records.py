@@ -69,6 +69,17 @@ def begin_rollout(learner) -> None:
         store.reset()
 
 
+def records_ready(learner, device) -> None:
+    """Before the update reads the rollout's rows: their copies to the host done, and the
+    device's table of the host chunks up to date (a kept graph's replays read it, and run no
+    Python that could update it)."""
+    store = store_of(learner)
+    if store is not None and store.num_rows > 1:
+        store.wait()
+        if device.type == "cuda":
+            store.pointer_table(device)
+
+
 def weights_changed(learner) -> None:
     """After an optimizer step: the rows written so far came from the old weights."""
     store = store_of(learner)

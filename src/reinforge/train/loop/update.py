@@ -33,7 +33,7 @@ from reinforge.train.loop.diagnostics import (
     measure_policy_change,
     probe_sequences,
 )
-from reinforge.train.loop.engine_records import store_of, weights_changed
+from reinforge.train.loop.engine_records import records_ready, store_of, weights_changed
 from reinforge.train.loop.graphs import (
     UpdateGraph,
     flat_grads,
@@ -42,7 +42,7 @@ from reinforge.train.loop.graphs import (
     step_graph,
 )
 from reinforge.train.loop.learner import Learner
-from reinforge.train.packing import PackedBatch, gather_records, pack_one, to_device
+from reinforge.train.packing import PackedBatch, pack_one, to_device
 from reinforge.train.packing.forward import completion_sequences, micro_batches, packed_rows
 from reinforge.train.packing.static import PackedShape, pad_packed, pad_rows
 from reinforge.train.policy.moe import (
@@ -81,6 +81,7 @@ def update_policy(
     on_device: dict[str, torch.Tensor | float] = {}
     packed = LazyPacked(cfg, batch, batches)
     device = next(model.parameters()).device
+    records_ready(learner, device)  # the engine's records of the rollout, where it kept them
     graph, members = update_graph(cfg, learner, packed)
     counts = None
     if graph is not None:  # the step's counts as the graph reads them: on the device
@@ -98,7 +99,7 @@ def update_policy(
                 launched += 1
                 data = micro_data(batch, idx, packed[i], device)
                 step_metrics = micro_compute(cfg, learner, batch, len(idx), data)
-            recorded += data.packed.records_LNH is not None
+            recorded += data.packed.record_rows_L is not None
             for key, value in step_metrics.items():
                 on_device[key] = combine(key, on_device.get(key), _detached(value))
     probe = probe_sequences(cfg, batch, batches, device)  # packed while the device still runs
@@ -281,7 +282,6 @@ def micro_data(
     if shape is not None:
         packed = pad_packed(packed, shape)
         rows = {k: pad_rows(v, shape) for k, v in rows.items()}
-    packed = gather_records(packed)  # the engine's records of its tokens, if it has them
     moved = {k: None if v is None else to_device(v, device) for k, v in rows.items()}
     return MicroData(packed.to(device), counts, **moved)
 

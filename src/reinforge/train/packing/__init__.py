@@ -43,10 +43,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-import numpy as np
 import torch
 
 from reinforge.engine.moe import set_replay
@@ -120,13 +119,10 @@ class PackedBatch:
     key_first_L: torch.Tensor | None = None
     key_extra_E: torch.Tensor | None = None
     routes_TNK: torch.Tensor | None = None  # [L, sparse layers, k] int16 recorded experts, -1: none
-    # the engine's records (`train.packing.records`): each position's host row (0: zeros) and
-    # their store; once gathered, the rows [L, layers, hidden] in the store's order and where
-    # each position's is (`records_LNH[records_index_L[p]]`)
-    record_rows_L: np.ndarray | None = None
+    # the engine's records (`train.packing.records`): each position's row in their store's
+    # host rows ([L] long, 0: zeros), which the forward reads layer by layer
+    record_rows_L: torch.Tensor | None = None
     record_store: Any = None
-    records_LNH: torch.Tensor | None = None
-    records_index_L: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -149,9 +145,7 @@ class PackedBatch:
         moved = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "records_LNH" and value is not None:
-                value = records_to_device(value, device)
-            elif isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor):
                 value = to_device(value, device)
             elif isinstance(value, dict):
                 value = {k: to_device(v, device) for k, v in value.items()}
@@ -168,25 +162,6 @@ def to_device(x: torch.Tensor, device) -> torch.Tensor:
     if device.type == "cuda" and x.device.type == "cpu":
         return x.pin_memory().to(device, non_blocking=True)
     return x.to(device)
-
-
-_copy_streams: dict[torch.device, Any] = {}
-
-
-def records_to_device(x: torch.Tensor, device) -> torch.Tensor:
-    """A micro-batch's gathered records (pinned, hundreds of MB) on the device, copied on a
-    stream of their own: the copy runs beside the micro-batch queued before, and only work
-    queued after this call waits for it."""
-    device = torch.device(device)
-    if device.type != "cuda" or x.device.type != "cpu":
-        return x.to(device)
-    stream = _copy_streams.setdefault(device, torch.cuda.Stream(device))
-    current = torch.cuda.current_stream(device)
-    with torch.cuda.stream(stream):
-        out = x.pin_memory().to(device, non_blocking=True)
-    current.wait_stream(stream)
-    out.record_stream(current)
-    return out
 
 
 def unpack(x_K: torch.Tensor, batch: PackedBatch) -> list[torch.Tensor]:
@@ -327,16 +302,9 @@ def _record_fields(chosen, rows_of, length: int) -> dict:
     from reinforge.train.packing.records import packed_record_rows
 
     rows, store = packed_record_rows(chosen, rows_of, length)
-    return {"record_rows_L": rows, "record_store": store}
-
-
-def gather_records(batch: PackedBatch) -> PackedBatch:
-    """`batch` with its recorded rows gathered from the host store (`records_LNH`, pinned on
-    CUDA), when it has them; unchanged otherwise."""
-    if batch.record_rows_L is None:
-        return batch
-    records_LNH, index_L = batch.record_store.gather(batch.record_rows_L)
-    return replace(batch, records_LNH=records_LNH, records_index_L=index_L)
+    if rows is None:
+        return {}
+    return {"record_rows_L": torch.from_numpy(rows), "record_store": store}
 
 
 def packed_routes(
@@ -387,7 +355,7 @@ def packed_hidden_states(model, batch: PackedBatch) -> torch.Tensor:
     batch's recorded routes, or none, are what the model's sparse blocks replay from now until
     the next packed forward (the backward's recomputation included)."""
     set_replay(model, batch.routes_TNK)
-    if batch.records_LNH is not None:
+    if batch.record_rows_L is not None:
         from reinforge.train.packing.records import recorded_hidden_states
 
         return recorded_hidden_states(model, batch, packed_attention_kwargs(model, batch))

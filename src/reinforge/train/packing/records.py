@@ -109,13 +109,49 @@ class _FromRecord(torch.autograd.Function):
         return x.grad, None, None, None
 
 
+_streams: dict = {}  # per device: the stream the records are read on, a layer ahead
+
+
+class _LayerReader:
+    """Layer k's records in the row's order, [1, L, H] (`HiddenStore.read_layer`). On CUDA the
+    read of the next layer needed is queued ahead on a stream of its own, beside the current
+    layer's compute (a captured graph holds both streams)."""
+
+    def __init__(self, store, rows_L: torch.Tensor, dtype: torch.dtype):
+        self.store, self.rows_L, self.dtype = store, rows_L, dtype
+        self.ahead: dict[int, torch.Tensor] = {}
+        self.side = None
+        if rows_L.is_cuda:
+            self.side = _streams.setdefault(rows_L.device, torch.cuda.Stream(rows_L.device))
+
+    def read(self, k: int) -> torch.Tensor:
+        if k in self.ahead:
+            assert self.side is not None
+            torch.cuda.current_stream(self.rows_L.device).wait_stream(self.side)
+            out = self.ahead.pop(k)
+        else:
+            out = self.store.read_layer(self.rows_L, k)
+        return out[None].to(self.dtype)
+
+    def prefetch(self, k: int) -> None:
+        if self.side is None or k < 0 or k in self.ahead:
+            return
+        L, H = self.rows_L.shape[0], self.store.row_shape[1]
+        out = torch.empty((L, H), dtype=self.store.dtype, device=self.rows_L.device)
+        self.side.wait_stream(torch.cuda.current_stream(self.rows_L.device))
+        with torch.cuda.stream(self.side):
+            self.store.read_layer(self.rows_L, k, out)
+        self.ahead[k] = out
+
+
 def recorded_hidden_states(model, batch, attention_kwargs: dict) -> torch.Tensor:
-    """Final (normed) hidden states of the packed row, [L, H], from `batch.records_LNH`
-    (module docstring); `attention_kwargs`: `packed_attention_kwargs(model, batch)`."""
+    """Final (normed) hidden states of the packed row, [L, H], from the engine's records of its
+    rows (`batch.record_rows_L` in `batch.record_store`; module docstring);
+    `attention_kwargs`: `packed_attention_kwargs(model, batch)`."""
     decoder = model.get_decoder()
-    records_LNH, index_L = batch.records_LNH, batch.records_index_L
     layers = list(decoder.layers)
-    assert records_LNH.shape[1] == len(layers), (records_LNH.shape, len(layers))
+    store = batch.record_store
+    assert store.row_shape[0] == len(layers), (store.row_shape, len(layers))
     kwargs = dict(attention_kwargs)
     mask = kwargs.pop("attention_mask", None)
     position_ids = batch.position_ids_L[None]
@@ -129,18 +165,32 @@ def recorded_hidden_states(model, batch, attention_kwargs: dict) -> torch.Tensor
         "position_ids": position_ids,
         **kwargs,
     }
-    dtype = hidden.dtype
+    reader = _LayerReader(store, batch.record_rows_L, hidden.dtype)
+    backward = torch.is_grad_enabled()
 
-    def record(k: int):  # layer k's output in the row's order, [1, L, H]
-        return lambda: records_LNH[:, k].index_select(0, index_L)[None].to(dtype)
+    def input_of(k: int):  # layer k's input (record k - 1), read in its backward
+        def read():
+            out = reader.read(k - 1)
+            if backward:  # (after the read: its wait must not take the next one in)
+                reader.prefetch(k - 2)  # the next layer's input, while this one recomputes
+            return out
+
+        return read
 
     last = len(layers) - 1
+
+    def output_of_last():
+        out = reader.read(last)
+        if backward:
+            reader.prefetch(last - 1)  # the last layer's input, read first in the backward
+        return out
+
     for k, layer in enumerate(layers):
         hidden = _FromRecord.apply(
             hidden,
             _layer_call(layer, layer_kwargs),
-            hidden if k == 0 else record(k - 1),
-            record(k) if k == last else None,
+            hidden if k == 0 else input_of(k),
+            output_of_last if k == last else None,
         )
     return decoder.norm(hidden)[0]
 

@@ -30,7 +30,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 
 from reinforge.train.packing import PackedBatch
@@ -212,7 +211,7 @@ def pad_packed(b: PackedBatch, shape: PackedShape) -> PackedBatch:
         # pad tokens read the zero row
         record_rows_L=None
         if b.record_rows_L is None or shape.records is None
-        else np.concatenate([b.record_rows_L, np.zeros(pad, dtype=np.int64)]),
+        else _cat(b.record_rows_L, zeros),
     )
 
 
