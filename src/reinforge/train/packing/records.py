@@ -9,8 +9,10 @@ hands each layer's record on as its output (`_FromRecord`, nothing computed), th
 and the loss read the last one, and the backward recomputes each layer from its input (the
 record before it, or the embedding) and backpropagates through it, exactly as a reentrant
 checkpoint does. The arithmetic per micro-batch falls from two forwards and a backward to one
-of each; the memory is the checkpointed forward's (one layer's activations at a time; the
-records take the place of the checkpoints).
+of each. Each layer's records are read when its backward needs them, straight from the engine's
+pinned host rows (`HiddenStore.read_layer`: on CUDA a kernel reads host memory over the bus, the
+next layer's read queued beside the current layer's compute), so the device holds no
+checkpoints at all: one layer's activations and two layers' records at a time.
 
 The numbers: logprobs and gradients are the trainer's own at the engine's hidden states, which
 differ from the trainer's forward by the two kernels' rounding (bf16); in float32 they match the
