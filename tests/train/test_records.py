@@ -225,3 +225,23 @@ def test_the_captured_update_from_records_has_the_plain_ones_gradient_on_cuda(
         for key in ("loss", "kl_sampler", "entropy"):
             if key in plain:
                 assert recorded[key] == pytest.approx(plain[key], rel=2e-2, abs=1e-4), key
+
+
+def test_records_stay_off_where_a_rollouts_rows_would_not_fit_the_host(tmp_path, monkeypatch):
+    """A rollout whose records would pass the host's share (a 7B model's 256 x 1024 tokens are
+    ~50 GiB) is not recorded at all: no pinned memory, no copies; true says why."""
+    from reinforge.train.loop import engine_records
+
+    cfg = micro_step_config("train.engine_records=true")
+    policy = make_policy(cfg)
+    memory = MemoryChoice(cfg.train.micro_batch_tokens, True, None, "set by the test")
+    policy.setup = policy.setup.__class__(
+        policy.setup.source, policy.setup.device, policy.setup.dtype, memory
+    )
+    need = engine_records.rollout_record_bytes(cfg, policy.model)
+    config = policy.model.config  # prompts x samples x tokens x layers x hidden x 4 B (float32)
+    assert need == 4 * 4 * 6 * config.num_hidden_layers * config.hidden_size * 4
+    monkeypatch.setattr(engine_records, "host_bytes", lambda: 2 * need)  # 40% of it: too little
+    learner = make_learner(cfg, tmp_path, policy)
+    assert learner.policy.engine.runner.records is None
+    assert "host memory" in engine_records.records_blocker(cfg, learner)

@@ -40,7 +40,21 @@ def records_blocker(cfg, learner) -> str | None:
         return "a mixture-of-experts model"
     if cfg.algorithm.routing_replay:
         return "routing replay"
+    need = rollout_record_bytes(cfg, learner.policy.model)
+    if need > HOST_SHARE * host_bytes():
+        return (
+            f"a rollout's records would take ~{need / 2**30:.0f} GiB of host memory, over "
+            f"{HOST_SHARE:.0%} of its {host_bytes() / 2**30:.0f} GiB"
+        )
     return None
+
+
+def rollout_record_bytes(cfg, model) -> int:
+    """A rollout's records at least: every sampled token's row (its prompts add more)."""
+    r, config = cfg.rollout, model.config
+    tokens = r.prompts_per_step * r.samples_per_prompt * r.max_new_tokens
+    row = config.num_hidden_layers * config.hidden_size * next(model.parameters()).element_size()
+    return tokens * row
 
 
 def host_bytes() -> int:
