@@ -432,10 +432,12 @@ BACKEND = triton_attention.TRITON_BACKEND
 
 @runs_here
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gather_host_rows_reads_one_layer_of_rows_from_pinned_chunks(dtype):
+@pytest.mark.parametrize("ctas", [1, 32])
+def test_gather_host_rows_reads_one_layer_of_rows_from_pinned_chunks(dtype, ctas, monkeypatch):
     """`triton_ops.gather_host_rows` (the update's read of the engine's records,
     `engine.records`): rows spread over three host chunks, read by the device straight from
-    pinned memory, in any order, one layer's slice each; row 0 of the first chunk is zeros."""
+    pinned memory, in any order, one layer's slice each; row 0 of the first chunk is zeros; one
+    CTA looping over the row blocks, or several."""
     generator = torch.Generator().manual_seed(5)
     chunk_rows, layers, E = 5, 3, 896
     pin = DEVICE.type == "cuda"
@@ -449,6 +451,7 @@ def test_gather_host_rows_reads_one_layer_of_rows_from_pinned_chunks(dtype):
     table = torch.tensor([c.data_ptr() for c in chunks], dtype=torch.int64, device=DEVICE)
     rows = torch.tensor([7, 0, 14, 3, 3, 11, 5], dtype=torch.int64)
     whole = torch.cat(chunks)
+    monkeypatch.setattr(triton_ops, "GATHER_CTAS", ctas)  # 1: a CTA loops over row blocks
     for layer in range(layers):
         out = torch.full((len(rows), E), 9.0, dtype=dtype, device=DEVICE)
         triton_ops.gather_host_rows(table, rows.to(DEVICE), chunk_rows, (layers, E), layer, out)

@@ -153,15 +153,30 @@ class HiddenStore:
         base = self.cursor
         self.cursor += T
         self._copy(records_TNH, base, reused)
+        if len(spans) == T:  # a decode: one position of one sequence per row (the hot path)
+            for i, (seqs, start, _) in enumerate(spans):
+                for seq in seqs:
+                    h = seq.hidden
+                    if h is None or h.generation != self.generation or start >= len(h.rows_P):
+                        self._rows_of(seq).write(start, np.array([base + i]))
+                    else:
+                        h.rows_P[start] = base + i
+                        if start >= h.length:
+                            h.length = start + 1
+            return
         offset = 0
         for seqs, start, end in spans:
             rows = np.arange(base + offset, base + offset + end - start, dtype=np.int64)
             offset += end - start
             for seq in seqs:
-                if seq.hidden is None or not seq.hidden.valid:
-                    seq.hidden = self.new_rows(seq.num_prompt_tokens + seq.params.max_new_tokens)
-                seq.hidden.write(start, rows)
+                self._rows_of(seq).write(start, rows)
         assert offset == T, "one record row per computed token"
+
+    def _rows_of(self, seq) -> HiddenRows:
+        """`seq`'s rows of this generation (fresh ones when it has none or stale ones)."""
+        if seq.hidden is None or not seq.hidden.valid:
+            seq.hidden = self.new_rows(seq.num_prompt_tokens + seq.params.max_new_tokens)
+        return seq.hidden
 
     def _copy(self, records_TNH: torch.Tensor, base: int, reused: bool) -> None:
         """Rows base .. base + T - 1 from the device, split over chunks where they cross one."""

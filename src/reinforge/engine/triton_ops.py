@@ -14,6 +14,8 @@ The on-device samplers: `triton_sampling`.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -234,25 +236,40 @@ def rope_write_kv(
     return q_THD, k_TKD
 
 
+# CTAs of the host-rows gather: each waits on the bus most of the time, so few (each with several
+# rows in flight) reach the bus's bandwidth while leaving the SMs to the compute beside it
+GATHER_CTAS = int(os.environ.get("REINFORGE_GATHER_CTAS", "32"))
+GATHER_ROWS = 4  # rows a CTA reads at once
+
+
 @triton.jit
 def _gather_host_rows_kernel(
     table_ptr,  # [chunks] int64: each chunk's address (pinned host memory, mapped)
     rows_ptr,  # [L] int64: a global row per output row
     out_ptr,  # [L, E]
+    L,
     chunk_rows,
     row_stride,  # elements of one row: layers x E
     layer_offset,  # elements before this layer within a row
     E: tl.constexpr,
     E_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
 ):
-    i = tl.program_id(0).to(tl.int64)
-    row = tl.load(rows_ptr + i)
-    chunk = row // chunk_rows
-    base = tl.load(table_ptr + chunk).to(tl.pointer_type(out_ptr.dtype.element_ty))
-    offs = tl.arange(0, E_PAD)
-    mask = offs < E
-    src = base + (row - chunk * chunk_rows) * row_stride + layer_offset + offs
-    tl.store(out_ptr + i * E + offs, tl.load(src, mask=mask, other=0.0), mask=mask)
+    cols = tl.arange(0, E_PAD)
+    col_mask = cols < E
+    for start in range(tl.program_id(0) * ROWS, L, tl.num_programs(0) * ROWS):
+        i = start + tl.arange(0, ROWS)
+        row_mask = i < L
+        row = tl.load(rows_ptr + i, mask=row_mask, other=0)
+        chunk = row // chunk_rows
+        base = tl.load(table_ptr + chunk, mask=row_mask, other=0)
+        offset = (row - chunk * chunk_rows) * row_stride + layer_offset
+        src = (base + offset * out_ptr.dtype.element_ty.primitive_bitwidth // 8).to(
+            tl.pointer_type(out_ptr.dtype.element_ty)
+        )
+        mask = row_mask[:, None] & col_mask[None, :]
+        values = tl.load(src[:, None] + cols[None, :], mask=mask, other=0.0)
+        tl.store(out_ptr + i.to(tl.int64)[:, None] * E + cols[None, :], values, mask=mask)
 
 
 def gather_host_rows(
@@ -265,21 +282,24 @@ def gather_host_rows(
 ) -> torch.Tensor:
     """out[i] = the `layer` slice of global row rows_L[i] of a chunked host arena
     ([chunk_rows, layers, E] per chunk, addresses in `table`), read by the device over the bus
-    (pinned memory is mapped into the device's address space)."""
+    (pinned memory is mapped into the device's address space) by `GATHER_CTAS` CTAs."""
     L = rows_L.shape[0]
     num_layers, E = row_shape
     assert out.shape == (L, E) and out.is_contiguous() and rows_L.dtype == torch.int64
     if L == 0:
         return out
-    _gather_host_rows_kernel[(L,)](
+    grid = (max(1, min(GATHER_CTAS, triton.cdiv(L, GATHER_ROWS))),)
+    _gather_host_rows_kernel[grid](
         table,
         rows_L,
         out,
+        L,
         chunk_rows,
         num_layers * E,
         layer * E,
         E=E,
         E_PAD=triton.next_power_of_2(E),
-        num_warps=min(8, max(1, triton.next_power_of_2(E) // 256)),
+        ROWS=GATHER_ROWS,
+        num_warps=4,
     )
     return out
