@@ -105,3 +105,27 @@ def hf_logprobs(model, prompt: list[int], completion: list[int], temperature: fl
         logits = model(torch.tensor([prompt + completion])).logits[0].float()
     logprobs = torch.log_softmax(logits[len(prompt) - 1 : -1] / temperature, dim=-1)
     return logprobs.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+
+
+def continued_after_stop(engine, prompt: list[int]):
+    """A session's sequence that stopped at a stop id and was continued with three more ids
+    while the step launched ahead of its finish (which computed its last token) was still in
+    flight, run to its end: what the engine recorded for it must cover the whole history."""
+    from reinforge.engine.base import SamplingParams
+    from reinforge.engine.session import EngineSession
+
+    greedy = engine.generate([prompt], SamplingParams(max_new_tokens=8, temperature=0.0))
+    ids = greedy[0][0].token_ids
+    # the first id after the first that is new: sampling stops there, a few steps in
+    stop = next(t for i, t in enumerate(ids) if i > 0 and t not in ids[:i])
+    params = SamplingParams(temperature=0.0, stop_token_ids=(stop,), ignore_eos=True)
+    session = EngineSession(engine, params, max_len=64)
+    (seq,) = session.add(prompt, seeds=[5], max_new_tokens=8)
+    while not seq.is_finished:
+        session.step()
+    assert seq.output_ids[-1] == stop and seq in session.inflight.batch.seqs
+    longer = session.extend(seq, [40, 41, 42], seed=6, max_new_tokens=4)
+    while session.has_work():
+        session.step()
+    session.close()
+    return longer

@@ -13,9 +13,8 @@ import torch
 
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.paged import PagedEngine
-from reinforge.engine.session import EngineSession
 
-from .conftest import FAMILIES, build_model
+from .conftest import FAMILIES, build_model, continued_after_stop
 
 PROMPTS = [[5, 9, 13, 2, 7], [11, 3, 8], [4, 4, 6, 1, 9, 12, 30]]
 
@@ -96,14 +95,7 @@ def test_preempted_and_continued_sequences_keep_aligned_records(micro_dir, token
             torch.testing.assert_close(
                 recorded(completion), hf_layer_outputs(model, ids)[:-1], atol=2e-5, rtol=2e-5
             )
-    session = EngineSession(engine, SamplingParams(temperature=0.0, ignore_eos=True), max_len=64)
-    (seq,) = session.add(PROMPTS[1], seeds=[5], max_new_tokens=4)
-    while not seq.is_finished:
-        session.step()
-    longer = session.extend(seq, [40, 41, 42], seed=6, max_new_tokens=4)
-    while session.has_work():
-        session.step()
-    session.close()
+    longer = continued_after_stop(engine, PROMPTS[1])
     completion = engine._completion(longer)
     torch.testing.assert_close(
         recorded(completion), hf_layer_outputs(model, longer.token_ids)[:-1], atol=2e-5, rtol=2e-5

@@ -12,8 +12,8 @@ import torch
 
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.paged import PagedEngine
-from reinforge.engine.session import EngineSession
 
+from .conftest import continued_after_stop
 from .test_moe import FAMILIES, PROMPTS, tiny_moe
 
 
@@ -59,21 +59,7 @@ def test_preempted_and_continued_sequences_keep_aligned_routes(tokenizer):
             np.testing.assert_array_equal(
                 np.sort(completion.routes, -1), hf_routes(model, ids)[:-1]
             )
-    # a sequence that stops at a stop id, continued while the step launched ahead of its finish
-    # (which computed its last token) is still in flight
-    greedy = engine.generate([PROMPTS[1]], SamplingParams(max_new_tokens=3, temperature=0.0))
-    stop = greedy[0][0].token_ids[2]
-    assert stop not in greedy[0][0].token_ids[:2]
-    params = SamplingParams(temperature=0.0, stop_token_ids=(stop,), ignore_eos=True)
-    session = EngineSession(engine, params, max_len=64)
-    (seq,) = session.add(PROMPTS[1], seeds=[5], max_new_tokens=8)
-    while not seq.is_finished:
-        session.step()
-    assert seq.output_ids[-1] == stop and seq in session.inflight.batch.seqs
-    longer = session.extend(seq, [40, 41, 42], seed=6, max_new_tokens=4)
-    while session.has_work():
-        session.step()
-    session.close()
+    longer = continued_after_stop(engine, PROMPTS[1])
     routes = engine._completion(longer).routes
     assert routes.shape[0] == longer.num_tokens - 1
     np.testing.assert_array_equal(np.sort(routes, -1), hf_routes(model, longer.token_ids)[:-1])

@@ -28,6 +28,7 @@ from tests.train.test_rl_loop import (
     make_learner,
     make_policy,
     micro_step_config,
+    step_with_grads,
 )
 
 PROMPTS = [[5, 9, 13, 2, 7], [11, 3, 8], [4, 4, 6, 1, 9, 12, 30]]
@@ -148,18 +149,7 @@ def test_an_rl_step_from_records_equals_one_without(tmp_path):
             policy.setup.source, policy.setup.device, policy.setup.dtype, memory
         )
         learner = make_learner(cfg, tmp_path / str(records), policy)
-        params = list(learner.policy.model.parameters())
-        grads = []
-        step = learner.optimizer.step
-
-        def recording_step(*args, _step=step, _params=params, _grads=grads, **kwargs):
-            _grads.extend(p.grad.detach().clone() for p in _params)
-            return _step(*args, **kwargs)
-
-        learner.optimizer.step = recording_step
-        m = rl.rl_step(
-            cfg, learner, DigitTasks(cfg.task), TrainerState("rl", 0, 0), 1, NullLogger()
-        )
+        m, grads = step_with_grads(cfg, learner)
         results[records] = (m, grads)
         store = learner.policy.engine.runner.records
         if records:

@@ -57,6 +57,21 @@ def make_learner(cfg, tmp_path, policy=None):
     return build_learner(cfg, ctx, policy, None, TrainerState("rl", 0, 0))
 
 
+def step_with_grads(cfg, learner):
+    """One RL step on `DigitTasks`: its metrics and the gradient its optimizer step was given."""
+    params = list(learner.policy.model.parameters())
+    grads = []
+    step = learner.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        grads.extend(p.grad.detach().clone() for p in params)
+        return step(*args, **kwargs)
+
+    learner.optimizer.step = recording_step
+    m = rl.rl_step(cfg, learner, DigitTasks(cfg.task), TrainerState("rl", 0, 0), 1, NullLogger())
+    return m, grads
+
+
 class NullLogger:
     def log_samples(self, *a):
         pass
@@ -153,19 +168,8 @@ def test_shared_prompts_give_the_update_of_whole_sequences(tmp_path, monkeypatch
             f"train.share_prompts={str(share).lower()}",
         )
         learner = make_learner(cfg, tmp_path / str(share))
-        params = list(learner.policy.model.parameters())
-        grads = []
-        step = learner.optimizer.step
-
-        def recording_step(*args, _step=step, _params=params, _grads=grads, **kwargs):
-            _grads.extend(p.grad.detach().clone() for p in _params)
-            return _step(*args, **kwargs)
-
-        learner.optimizer.step = recording_step
-        m = rl.rl_step(
-            cfg, learner, DigitTasks(cfg.task), TrainerState("rl", 0, 0), 1, NullLogger()
-        )
-        assert len(grads) == len(params)  # the step was taken
+        m, grads = step_with_grads(cfg, learner)
+        assert len(grads) == len(list(learner.policy.model.parameters()))  # the step was taken
         results[share] = (m, grads)
         # reference scoring and the update, in more than one micro-batch each
         assert len(packed) >= 4
