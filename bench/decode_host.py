@@ -5,6 +5,7 @@ with tokens from a hash. On a slow host this Python, not the device, paces the d
 G1's 512 steps waited for it on an H100 host), so it is worth measuring on any machine.
 
     python bench/decode_host.py [--seqs 256] [--prompt 128] [--new 512] [--page 16] [--rounds 3]
+        [--records]
 
 Prints microseconds a decode step for each part (the best of `--rounds` generations).
 """
@@ -38,6 +39,15 @@ def one_generation(args) -> dict[str, float]:
         return "length" if len(seq.output_ids) >= seq.params.max_new_tokens else None
 
     times: dict[str, float] = defaultdict(float)
+    store = None
+    if args.records:  # the engine's records (`engine.records`): their bookkeeping, not the copy
+        import torch
+
+        from reinforge.engine.records import HiddenStore
+
+        store = HiddenStore(24, 896, torch.bfloat16, "cpu", 1 << 40)
+        store._to_host = lambda *a: None  # (on CUDA: one device copy a step, queued)
+        records = torch.empty((args.seqs, 24, 896), dtype=torch.bfloat16)
     rows = [np.zeros((NUM_ROW_FIELDS, args.seqs), dtype=np.int64) for _ in range(2)]
     inflight = scheduler.schedule()
     scheduler.launched(inflight)
@@ -57,6 +67,11 @@ def one_generation(args) -> dict[str, float]:
             last = ahead.leaders
             t2 = time.perf_counter()
             times["rows (advance_rows / decode_rows)"] += t2 - t1
+            if store is not None:  # what `ModelRunner.launch` does for a step's records
+                t4 = time.perf_counter()
+                store.write(records[: len(ahead.leaders)], ahead.groups)
+                times["records (rows)"] += time.perf_counter() - t4
+                t2 = time.perf_counter()
             scheduler.launched(ahead)
             times["launched"] += time.perf_counter() - t2
         n = len(inflight.seqs)
@@ -82,6 +97,7 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=512)
     parser.add_argument("--page", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--records", action="store_true", help="with the records' bookkeeping")
     args = parser.parse_args()
     runs = [one_generation(args) for _ in range(args.rounds)]
     best = {k: min(r[k] for r in runs) for k in runs[0]}

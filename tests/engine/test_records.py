@@ -114,3 +114,58 @@ def test_a_store_past_its_room_stops_recording(micro_dir, tokenizer):
     store.reset()  # the next rollout records again
     small = engine.generate(PROMPTS[1:2], SamplingParams(max_new_tokens=3, seed=2))
     assert small[0][0].hidden.valid
+
+
+def test_staged_steps_reach_their_rows_across_halves_and_chunks(monkeypatch):
+    """Decode steps' records staged on the device (`HiddenStore._stage`, a graph's buffer that
+    the next step overwrites) reach the host rows each sequence was told, through both staging
+    halves in turn, a step that does not fit the half's room, a prefill between (sent at once,
+    after the staged ones) and host chunks of 5 rows."""
+    from types import SimpleNamespace
+
+    from reinforge.engine import records
+
+    monkeypatch.setattr(records, "CHUNK_BYTES", 5 * 2 * 3 * 4)
+    store = records.HiddenStore(2, 3, torch.float32, "cpu", 1 << 20)
+    params = SimpleNamespace(max_new_tokens=40)
+    seqs = [
+        SimpleNamespace(
+            hidden=None, num_prompt_tokens=2, num_cached_tokens=0, num_tokens=2, params=params
+        )
+        for _ in range(3)
+    ]
+    expected = {}  # (sequence, position) -> its record
+    generator = torch.Generator().manual_seed(0)
+
+    def step(members, prefill=False):
+        groups = [[s] for s in members]
+        if prefill:
+            T = sum(s.num_tokens - s.num_cached_tokens for s in members)
+        else:
+            T = len(members)
+        values = torch.randn(T, 2, 3, generator=generator)
+        store.write(values, groups, reused=not prefill)
+        row = 0
+        for s in members:
+            n = s.num_tokens - s.num_cached_tokens if prefill else 1
+            for p in range(s.num_cached_tokens, s.num_cached_tokens + n):
+                expected[id(s), p] = values[row]
+                row += 1
+            s.num_cached_tokens += n
+            s.num_tokens = s.num_cached_tokens + 1
+
+    step(seqs, prefill=True)
+    for _ in range(6):
+        step(seqs)
+    step(seqs[:2])  # a finished sequence leaves the batch: a smaller step
+    seqs[2].num_tokens = seqs[2].num_cached_tokens + 3  # a continued sequence's prefill
+    step([seqs[2]], prefill=True)
+    for _ in range(5):
+        step(seqs)
+    store.wait()
+    assert len(store.chunks) > 3
+    for (key, position), value in expected.items():
+        seq = next(s for s in seqs if id(s) == key)
+        row = torch.tensor([int(seq.hidden.rows_P[position])])
+        got = torch.stack([store.read_layer(row, k)[0] for k in range(2)])
+        torch.testing.assert_close(got, value, atol=0, rtol=0)

@@ -295,8 +295,7 @@ class ModelRunner(StepSampling):
     ) -> LaunchedStep:
         """Queue the step and its sampling on the device; returns before they run."""
         spans = None
-        if self.route_shape is not None or self.records is not None:
-            # positions computed, before the scheduler caches them
+        if self.route_shape is not None:  # positions computed, before the scheduler caches them
             spans = [(g, g[0].num_cached_tokens, g[0].num_tokens) for g in batch.groups]
         fused = self.is_fast_path and uses_fused_sampler(params) and params.temperature > 0.0
         logits = self.run(batch, prev_ids, params.temperature if fused else None)
@@ -304,8 +303,7 @@ class ModelRunner(StepSampling):
         ids, logprobs = samples if samples is not None else self.sample(batch, logits, params)
         routes = self._routes_to_host()  # queued before `_fetch`'s event
         if self.records is not None and self.last_records is not None:
-            assert spans is not None
-            self.records.write(self.last_records, spans, reused=self._graph_logits)
+            self.records.write(self.last_records, batch.groups, reused=self._graph_logits)
         step = LaunchedStep(batch, ids, *self._fetch(ids, logprobs))
         step.routes, step.route_spans = (routes, spans) if routes is not None else (None, None)
         if self.entropy_requested and any(

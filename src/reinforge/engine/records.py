@@ -7,8 +7,8 @@ trainer's in place). With a `HiddenStore` attached (`ModelRunner.record_hidden`)
 writes each layer's output for every token it computes ([T, layers, hidden], the residual
 stream after layer i: `qwen_forward.forward`'s `records_out`, no extra kernel) and the store
 copies it to host memory: rows of an arena of chunks (pinned on CUDA, copied on a side stream so
-the decode never waits; a decode graph's buffer goes through a small device ring first, since
-the next replay overwrites it). Each sequence keeps which row holds each of its positions
+the decode never waits; a decode graph's buffer, which the next replay overwrites, is staged on
+the device and sent every few steps in one transfer). Each sequence keeps which row holds each of its positions
 (`HiddenRows`, as routing replay keeps routes); a completion carries them (`Completion.hidden`)
 and the trainer reads a micro-batch's rows layer by layer in its packed order (`read_layer`: on
 CUDA a kernel reads the pinned host rows directly, no host gather and no device copy of the
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 CHUNK_BYTES = 1 << 30  # one host allocation of the arena
-RING = 4  # device copies of a decode graph's buffer in flight to the host
+STAGE_STEPS = 4  # decode steps' records staged on the device per transfer to the host
 MAX_CHUNKS = 1024  # of the device's table of chunk addresses (1 TiB of rows)
 
 
@@ -96,9 +96,13 @@ class HiddenStore:
         self.active = True
         self.cuda = self.device.type == "cuda"
         self.stream = torch.cuda.Stream(self.device) if self.cuda else None
-        self.ring: list[torch.Tensor] = []  # device copies of graph buffers, in turn
-        self.ring_events: list[torch.cuda.Event | None] = []
-        self.num_copies = 0
+        # decode steps' records staged on the device (`_stage`): two halves in turn, the rows
+        # staged in the current one and the arena row of its first
+        self.halves: list[torch.Tensor] = []
+        self.half_events: list[torch.cuda.Event | None] = [None, None]
+        self.half = 0
+        self.staged = 0
+        self.staged_base = 0
         self.last_event: torch.cuda.Event | None = None
         self.table: torch.Tensor | None = None  # (`pointer_table`)
         self.table_len = 0
@@ -137,27 +141,32 @@ class HiddenStore:
             self.chunks.append(chunk)
         return True
 
-    def write(
-        self,
-        records_TNH: torch.Tensor,
-        spans: list[tuple[list[Any], int, int]],
-        reused: bool = False,
-    ) -> None:
-        """A step's records (on the device) into fresh rows, and each span's sequences told
-        which rows hold positions start .. end - 1 (a prefill's rows go to every member of the
-        group, whose prompt they are). `reused`: a buffer the next step overwrites (a decode
-        graph's), copied on the device first. Queued, not waited for."""
+    def write(self, records_TNH: torch.Tensor, groups: list[list[Any]], reused: bool = False):
+        """A step's records (on the device) into fresh rows, and each group's sequences told
+        which rows hold the positions the step computed (from each leader's cached tokens on:
+        called before the scheduler counts the step's tokens as cached; a prefill's rows go to
+        every member of the group, whose prompt they are). `reused`: a buffer the next step
+        overwrites (a decode graph's): staged on the device and sent to the host in batches
+        (`_stage`). Queued, not waited for."""
         T = records_TNH.shape[0]
         if not self.active or self.overflowed or T == 0 or not self._room(T):
             return
         base = self.cursor
         self.cursor += T
-        self._copy(records_TNH, base, reused)
-        if len(spans) == T:  # a decode: one position of one sequence per row (the hot path)
-            for i, (seqs, start, _) in enumerate(spans):
-                for seq in seqs:
+        if reused:
+            self._stage(records_TNH, base)
+        else:
+            self.flush()  # (staged rows stay one contiguous run of the arena)
+            self._to_host(records_TNH, base)
+            if self.cuda:  # the step's own tensor: its memory waits for the copy before reuse
+                records_TNH.record_stream(self.stream)
+        generation = self.generation
+        if len(groups) == T:  # a decode: one position per group (the hot path)
+            for i, group in enumerate(groups):
+                start = group[0].num_cached_tokens
+                for seq in group:
                     h = seq.hidden
-                    if h is None or h.generation != self.generation or start >= len(h.rows_P):
+                    if h is None or h.generation != generation or start >= len(h.rows_P):
                         self._rows_of(seq).write(start, np.array([base + i]))
                     else:
                         h.rows_P[start] = base + i
@@ -165,10 +174,11 @@ class HiddenStore:
                             h.length = start + 1
             return
         offset = 0
-        for seqs, start, end in spans:
+        for group in groups:
+            start, end = group[0].num_cached_tokens, group[0].num_tokens
             rows = np.arange(base + offset, base + offset + end - start, dtype=np.int64)
             offset += end - start
-            for seq in seqs:
+            for seq in group:
                 self._rows_of(seq).write(start, rows)
         assert offset == T, "one record row per computed token"
 
@@ -178,41 +188,57 @@ class HiddenStore:
             seq.hidden = self.new_rows(seq.num_prompt_tokens + seq.params.max_new_tokens)
         return seq.hidden
 
-    def _copy(self, records_TNH: torch.Tensor, base: int, reused: bool) -> None:
-        """Rows base .. base + T - 1 from the device, split over chunks where they cross one."""
+    def _stage(self, records_TNH: torch.Tensor, base: int) -> None:
+        """A decode step's records into the device's staging half in use (one copy on the
+        compute stream), which goes to the host as one transfer when full: a step then queues
+        one copy, not a transfer, events and stream switches (the decode loop's host work is
+        on its critical path on some hosts). Two halves in turn: one fills while the other's
+        transfer runs."""
+        T = records_TNH.shape[0]
+        if not self.halves or self.halves[0].shape[0] < STAGE_STEPS * T:
+            self.flush()
+            shape = (STAGE_STEPS * T, *self.row_shape)
+            self.halves = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in "ab"]
+            self.half_events = [None, None]
+            self.staged = 0
+        half = self.halves[self.half]
+        if self.staged + T > half.shape[0]:
+            self.flush()
+            half = self.halves[self.half]
+        if self.staged == 0:
+            event = self.half_events[self.half]
+            if event is not None:  # its last transfer is done before it is written again
+                torch.cuda.current_stream(self.device).wait_event(event)
+            self.staged_base = base
+        half[self.staged : self.staged + T].copy_(records_TNH)
+        self.staged += T
+
+    def flush(self) -> None:
+        """The staged rows to the host (queued); the other half is filled next."""
+        if not self.staged:
+            return
+        half = self.halves[self.half][: self.staged]
+        self.half_events[self.half] = self._to_host(half, self.staged_base)
+        self.half = 1 - self.half
+        self.staged = 0
+
+    def _to_host(self, records_TNH: torch.Tensor, base: int) -> torch.cuda.Event | None:
+        """Rows base .. base + T - 1 from the device (a stream of their own on CUDA, after the
+        compute stream's work so far), split where they cross a chunk; the transfer's event."""
         T = records_TNH.shape[0]
         if not self.cuda:
             for dst, lo, hi in self._pieces(base, T):
                 dst.copy_(records_TNH[lo:hi])
-            return
-        compute = torch.cuda.current_stream(self.device)
-        source = records_TNH
-        slot = self.num_copies % RING
-        if reused:
-            self.num_copies += 1
-            while len(self.ring) < RING:
-                self.ring.append(torch.empty(0, dtype=self.dtype, device=self.device))
-                self.ring_events.append(None)
-            event = self.ring_events[slot]
-            if event is not None:  # its last copy to the host is done before it is written again
-                compute.wait_event(event)
-            if self.ring[slot].shape[0] < T:  # (a bigger bucket)
-                shape = (T, *self.row_shape)
-                self.ring[slot] = torch.empty(shape, dtype=self.dtype, device=self.device)
-            source = self.ring[slot][:T]
-            source.copy_(records_TNH)  # on the compute stream, after the step
+            return None
         assert self.stream is not None
-        self.stream.wait_stream(compute)
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
             for dst, lo, hi in self._pieces(base, T):
-                dst.copy_(source[lo:hi], non_blocking=True)
+                dst.copy_(records_TNH[lo:hi], non_blocking=True)
             done = torch.cuda.Event()
             done.record(self.stream)
-        if reused:
-            self.ring_events[slot] = done
-        else:  # the step's own tensor: its memory waits for the copy before reuse
-            records_TNH.record_stream(self.stream)
         self.last_event = done
+        return done
 
     def _pieces(self, base: int, n: int):
         """(host rows, lo, hi): where rows base .. base + n - 1 lie, chunk by chunk."""
@@ -225,10 +251,14 @@ class HiddenStore:
             lo = hi
 
     def wait(self) -> None:
-        """Every queued copy to the host done (before the trainer reads the rows: its reads,
-        inside a captured graph too, cannot wait for a stream outside it)."""
+        """Every row on the host: the staged ones sent, every transfer done (before the trainer
+        reads them: its reads, inside a captured graph too, cannot wait for a stream outside
+        it)."""
+        self.flush()
         if self.last_event is not None:
             self.last_event.synchronize()
+        self.halves = []  # (the update gets their memory; the next rollout stages anew)
+        self.half_events = [None, None]
 
     def read_layer(self, rows_L: torch.Tensor, layer: int, out: torch.Tensor | None = None):
         """Layer `layer`'s records of rows `rows_L` (0: zeros), [L, hidden], on the device
