@@ -139,15 +139,12 @@ def test_staged_steps_reach_their_rows_across_halves_and_chunks(monkeypatch):
 
     def step(members, prefill=False):
         groups = [[s] for s in members]
-        if prefill:
-            T = sum(s.num_tokens - s.num_cached_tokens for s in members)
-        else:
-            T = len(members)
+        new = [s.num_tokens - s.num_cached_tokens if prefill else 1 for s in members]
+        T = sum(new)
         values = torch.randn(T, 2, 3, generator=generator)
         store.write(values, groups, reused=not prefill)
         row = 0
-        for s in members:
-            n = s.num_tokens - s.num_cached_tokens if prefill else 1
+        for s, n in zip(members, new):
             for p in range(s.num_cached_tokens, s.num_cached_tokens + n):
                 expected[id(s), p] = values[row]
                 row += 1
