@@ -302,9 +302,11 @@ class ModelRunner(StepSampling):
         samples = self.graphs.last_samples if self._graph_logits else None
         ids, logprobs = samples if samples is not None else self.sample(batch, logits, params)
         routes = self._routes_to_host()  # queued before `_fetch`'s event
-        if self.records is not None and self.last_records is not None:
-            self.records.write(self.last_records, batch.groups, reused=self._graph_logits)
         step = LaunchedStep(batch, ids, *self._fetch(ids, logprobs))
+        if self.records is not None and self.last_records is not None:
+            # after the results' copy: a copy engine busy with the records' transfer must not
+            # hold the step's results (and the stream behind them) back
+            self.records.write(self.last_records, batch.groups, reused=self._graph_logits)
         step.routes, step.route_spans = (routes, spans) if routes is not None else (None, None)
         if self.entropy_requested and any(
             seq.num_output_tokens < seq.entropy_window for seq in batch.seqs
