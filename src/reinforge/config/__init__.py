@@ -285,7 +285,10 @@ class TrainSection(Section):
     differ by the two kernels' bf16 rounding otherwise. "auto": on CUDA with the local paged
     engine, one process, a dense model and gradient checkpointing on (else there is no first
     forward to save); true also on a CPU; false: never. A rollout whose records pass 40% of the
-    host's memory, or a sequence whose records are missing or stale, trains as before."""
+    host's memory, or a sequence whose records are missing or stale, trains as before. With
+    records the trainer's logprobs come from the engine's hidden states, so the metric
+    `kl_sampler` compares the LM head alone (~1e-10); the policy-change probe (`dKL`) still runs
+    the trainer's own forward. The first step pins the rollout's host rows (~1.5 s a GiB, once)."""
     non_finite: Literal["skip", "crash"] = "skip"
     """What a step whose gradient holds NaN or infinity does: "skip" (count it in the metric
     `nonfinite_skipped`, leave parameters and optimizer state untouched, go on; the run fails
