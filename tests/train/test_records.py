@@ -155,6 +155,7 @@ def test_an_rl_step_from_records_equals_one_without(tmp_path):
         if records:
             assert store is not None and store.num_rows > 1
             assert m["records_micro_batches"] >= 2, m.get("records_micro_batches")
+            assert m["records_missed_micro_batches"] == 0
             assert store.generation >= 2  # reset for the rollout, then stale after the step
         else:
             assert store is None and "records_micro_batches" not in m
@@ -269,3 +270,58 @@ def test_a_lora_models_update_from_records_equals_the_checkpointed_one(generatio
     torch.testing.assert_close(recorded[0], plain[0], atol=2e-5, rtol=2e-5)
     for i in trainable:
         torch.testing.assert_close(recorded[2][i], plain[2][i], atol=1e-5, rtol=1e-4)
+
+
+def test_a_multi_turn_step_from_records_equals_one_without(tmp_path):
+    """Tic-tac-toe episodes (several turns, the opponent's boards entering as environment
+    tokens, and a final board after the last move the engine never computed): every
+    micro-batch runs from records (the session's continued sequences carry their history's rows;
+    the trailing environment tokens, masked out of the loss, read the zero row), and the step's
+    loss and gradient equal the plain path's."""
+    from reinforge.config import TrainConfig, load_config
+    from reinforge.train.loop.session import RunSetup, run_tasks
+
+    results = {}
+    for records in (True, False):
+        torch.manual_seed(0)
+        cfg = load_config(
+            TrainConfig,
+            "configs/tictactoe.toml",
+            [
+                "model.path=builtin:micro",
+                "rollout.prompts_per_step=4",
+                "rollout.samples_per_prompt=4",
+                "task.max_context=256",
+                "train.micro_batch_tokens=400",
+                "algorithm.entropy_coef=0.01",  # (an untrained model's games all score alike)
+                f"train.engine_records={str(records).lower()}",
+            ],
+        )
+        policy = make_policy(cfg)
+        policy.model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
+        memory = MemoryChoice(cfg.train.micro_batch_tokens, True, None, "set by the test")
+        policy.setup = RunSetup(
+            policy.setup.source, policy.setup.device, policy.setup.dtype, memory
+        )
+        learner = make_learner(cfg, tmp_path / str(records), policy)
+        tasks = rl.single_turn_tasks(run_tasks(cfg, policy), cfg.task.rewards)
+        params = list(learner.policy.model.parameters())
+        grads = []
+        step = learner.optimizer.step
+
+        def recording_step(*args, _step=step, _params=params, _grads=grads, **kwargs):
+            _grads.extend(p.grad.detach().clone() for p in _params)
+            return _step(*args, **kwargs)
+
+        learner.optimizer.step = recording_step
+        m = rl.rl_step(cfg, learner, tasks, TrainerState("rl", 0, 0), 1, NullLogger())
+        results[records] = (m, grads)
+    (on, on_w), (off, off_w) = results[True], results[False]
+    assert on["turns_per_episode"] > 1.5  # multi-turn, most episodes
+    assert on["records_micro_batches"] >= 4 and on["records_missed_micro_batches"] == 0
+    for key in ("loss", "grad_norm", "entropy"):
+        assert abs(on[key] - off[key]) <= 1e-6 + 1e-4 * abs(off[key]), key
+    for a, b in zip(on_w, off_w):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)

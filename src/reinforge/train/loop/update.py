@@ -121,8 +121,9 @@ def update_policy(
     )
     routing_replay_ratio(totals)
     totals.update(phases)  # this rank's micro-batches by graph phase (not reduced: host counts)
-    if recorded or store_of(learner) is not None:
+    if recorded or store_of(learner) is not None:  # (`train.engine_records`)
         totals["records_micro_batches"] = float(recorded)
+        totals["records_missed_micro_batches"] = float(len(batches) - recorded)
     totals.update(optimizer_step(cfg, learner))
     weights_changed(learner)  # the engine's records of this rollout are stale now
     totals.update(measure_policy_change(cfg, learner, batch, probe))  # one no-grad forward
@@ -250,6 +251,7 @@ def pack_micro_batch(cfg: TrainConfig, batch: StepBatch, idx: list[int]) -> Pack
         [batch.completions[i] for i in idx],
         [batch.routes[i] for i in idx] if cfg.algorithm.routing_replay else None,
         [batch.hidden[i] for i in idx] if batch.hidden is not None else None,
+        [batch.trajs[i].completion.loss_mask for i in idx],
     )
     return pack_one(seqs, range(len(seqs)), cfg.train.share_prompts)
 

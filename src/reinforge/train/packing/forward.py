@@ -104,13 +104,16 @@ def completion_sequences(
     completions: Sequence[Sequence[int]],
     routes: Sequence | None = None,
     hidden: Sequence | None = None,
+    loss_masks: Sequence | None = None,
 ) -> list[PackSequence]:
-    """`hidden`: each sequence's engine records (`Completion.hidden`, or None)."""
+    """`hidden`: each sequence's engine records (`Completion.hidden`, or None); `loss_masks`:
+    each completion's loss mask (`Completion.loss_mask`: None counts every token)."""
     routes = routes if routes is not None else [None] * len(prompts)
     hidden = hidden if hidden is not None else [None] * len(prompts)
+    masks = loss_masks if loss_masks is not None else [None] * len(prompts)
     return [
-        PackSequence(p, c, routes=r, hidden=h)
-        for p, c, r, h in zip(prompts, completions, routes, hidden)
+        PackSequence(p, c, loss_mask=m, routes=r, hidden=h)
+        for p, c, r, h, m in zip(prompts, completions, routes, hidden, masks)
     ]
 
 

@@ -30,23 +30,40 @@ import numpy as np
 import torch
 
 
-def sequence_rows(prompt_ids: Sequence[int], completion_ids: Sequence[int], hidden: Any):
-    """The host rows of each position of prompt + completion (0: zeros, for the last position,
-    whose output predicts nothing), or None when the records cannot serve: none, stale (the
-    weights changed), over the store's room, for other ids, or with a position missing."""
+def sequence_rows(
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    hidden: Any,
+    loss_mask: Sequence[float] | None = None,
+):
+    """The host rows of each position of prompt + completion, or None when the records cannot
+    serve: none, stale (the weights changed), over the store's room, for other ids, or with a
+    needed position missing.
+
+    Needed: every position up to the one that predicts the last sampled token (the last with a
+    loss-mask entry above 0; the last token when there is no mask), and the ids through that
+    token must be the engine's. Later positions read the zero row: the last token's output
+    predicts nothing, and a multi-turn episode's trailing environment tokens (its final reply,
+    which the engine never computed) are masked out of the loss, and causal attention keeps them
+    from every position before."""
     if hidden is None or not hidden.valid or hidden.token_ids is None:
         return None
-    n = len(prompt_ids) + len(completion_ids)
+    num_prompt = len(prompt_ids)
+    n = num_prompt + len(completion_ids)
     engine_ids = hidden.token_ids
-    if len(engine_ids) < n or engine_ids[: len(prompt_ids)] != list(prompt_ids):
+    need = n - 1
+    if loss_mask is not None and (len(engine_ids) < n or hidden.length < need):
+        # trailing tokens the engine never computed: masked environment tokens, or not served
+        last = next((j for j in range(len(loss_mask) - 1, -1, -1) if loss_mask[j] > 0), -1)
+        need = num_prompt + last
+    if len(engine_ids) < need + 1 or engine_ids[:num_prompt] != list(prompt_ids):
         return None
-    if engine_ids[len(prompt_ids) : n] != list(completion_ids):
+    if engine_ids[num_prompt : need + 1] != list(completion_ids[: need + 1 - num_prompt]):
+        return None
+    if hidden.length < need or (hidden.rows_P[:need] <= 0).any():
         return None
     rows = np.zeros(n, dtype=np.int64)
-    known = min(hidden.length, n)
-    rows[:known] = hidden.rows_P[:known]
-    if known < n - 1 or (rows[: n - 1] <= 0).any():
-        return None
+    rows[:need] = hidden.rows_P[:need]
     return rows
 
 
@@ -61,7 +78,7 @@ def packed_record_rows(chosen, rows_of: list[tuple[int, int]], length: int):
         return None, None
     out = np.zeros(length, dtype=np.int64)
     for s, (prompt_row, completion_row) in zip(chosen, rows_of):
-        rows = sequence_rows(s.prompt_ids, s.completion_ids, s.hidden)
+        rows = sequence_rows(s.prompt_ids, s.completion_ids, s.hidden, s.loss_mask)
         if rows is None:
             return None, None
         num_prompt = len(s.prompt_ids)
