@@ -307,17 +307,7 @@ def test_a_multi_turn_step_from_records_equals_one_without(tmp_path):
         )
         learner = make_learner(cfg, tmp_path / str(records), policy)
         tasks = rl.single_turn_tasks(run_tasks(cfg, policy), cfg.task.rewards)
-        params = list(learner.policy.model.parameters())
-        grads = []
-        step = learner.optimizer.step
-
-        def recording_step(*args, _step=step, _params=params, _grads=grads, **kwargs):
-            _grads.extend(p.grad.detach().clone() for p in _params)
-            return _step(*args, **kwargs)
-
-        learner.optimizer.step = recording_step
-        m = rl.rl_step(cfg, learner, tasks, TrainerState("rl", 0, 0), 1, NullLogger())
-        results[records] = (m, grads)
+        results[records] = step_with_grads(cfg, learner, tasks)
     (on, on_w), (off, off_w) = results[True], results[False]
     assert on["turns_per_episode"] > 1.5  # multi-turn, most episodes
     assert on["records_micro_batches"] >= 4 and on["records_missed_micro_batches"] == 0

@@ -57,8 +57,9 @@ def make_learner(cfg, tmp_path, policy=None):
     return build_learner(cfg, ctx, policy, None, TrainerState("rl", 0, 0))
 
 
-def step_with_grads(cfg, learner):
-    """One RL step on `DigitTasks`: its metrics and the gradient its optimizer step was given."""
+def step_with_grads(cfg, learner, tasks=None):
+    """One RL step on `tasks` (`DigitTasks`): its metrics and the gradient its optimizer step was
+    given."""
     params = list(learner.policy.model.parameters())
     grads = []
     step = learner.optimizer.step
@@ -68,7 +69,8 @@ def step_with_grads(cfg, learner):
         return step(*args, **kwargs)
 
     learner.optimizer.step = recording_step
-    m = rl.rl_step(cfg, learner, DigitTasks(cfg.task), TrainerState("rl", 0, 0), 1, NullLogger())
+    tasks = tasks if tasks is not None else DigitTasks(cfg.task)
+    m = rl.rl_step(cfg, learner, tasks, TrainerState("rl", 0, 0), 1, NullLogger())
     return m, grads
 
 
