@@ -8,9 +8,9 @@ writes each layer's output for every token it computes ([T, layers, hidden], the
 stream after layer i: `qwen_forward.forward`'s `records_out`, no extra kernel) and the store
 copies it to host memory: rows of an arena of chunks (pinned on CUDA, copied on a side stream so
 the decode never waits; a decode graph's buffer, which the next replay overwrites, is staged on
-the device and sent every few steps in one transfer). Each sequence keeps which row holds each of its positions
-(`HiddenRows`, as routing replay keeps routes); a completion carries them (`Completion.hidden`)
-and the trainer reads a micro-batch's rows layer by layer in its packed order (`read_layer`: on
+the device and sent every few steps in one transfer). Each sequence keeps which row holds each
+of its positions (`HiddenRows`, as routing replay keeps routes); a completion carries them
+(`Completion.hidden`) and the trainer reads a micro-batch's rows layer by layer in its packed order (`read_layer`: on
 CUDA a kernel reads the pinned host rows directly, no host gather and no device copy of the
 micro-batch) to run its update from them (`train.packing.records`).
 
