@@ -10,9 +10,9 @@ copies it to host memory: rows of an arena of chunks (pinned on CUDA, copied on 
 the decode never waits; a decode graph's buffer, which the next replay overwrites, is staged on
 the device and sent every few steps in one transfer). Each sequence keeps which row holds each
 of its positions (`HiddenRows`, as routing replay keeps routes); a completion carries them
-(`Completion.hidden`) and the trainer reads a micro-batch's rows layer by layer in its packed order (`read_layer`: on
-CUDA a kernel reads the pinned host rows directly, no host gather and no device copy of the
-micro-batch) to run its update from them (`train.packing.records`).
+(`Completion.hidden`) and the trainer reads a micro-batch's rows layer by layer in its packed
+order (`read_layer`: on CUDA a kernel reads the pinned host rows directly, no host gather and no
+device copy of the micro-batch) to run its update from them (`train.packing.records`).
 
 A rollout's rows are valid until the store is reset (the trainer does, before each rollout) or
 the weights change (`invalidate`, after each optimizer step): a `HiddenRows` of an older
