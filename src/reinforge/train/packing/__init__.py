@@ -63,6 +63,7 @@ from reinforge.train.packing.attention import (
 from reinforge.train.packing.hidden import final_hidden_states, lm_head_weight
 from reinforge.train.packing.logprobs import DEFAULT_CHUNK_SIZE, chunked_logprobs
 from reinforge.train.packing.plan import plan_shared_micro_batches
+from reinforge.train.packing.records import record_fields
 
 
 @dataclass(frozen=True)
@@ -292,19 +293,8 @@ def pack_one(
         key_first_L=key_first_L,
         key_extra_E=key_extra_E,
         routes_TNK=packed_routes(chosen, rows_of, len(ids)),
-        **_record_fields(chosen, rows_of, len(ids)),
+        **record_fields(chosen, rows_of, len(ids)),
     )
-
-
-def _record_fields(chosen, rows_of, length: int) -> dict:
-    if all(s.hidden is None for s in chosen):
-        return {}
-    from reinforge.train.packing.records import packed_record_rows
-
-    rows, store = packed_record_rows(chosen, rows_of, length)
-    if rows is None:
-        return {}
-    return {"record_rows_L": torch.from_numpy(rows), "record_store": store}
 
 
 def packed_routes(

@@ -67,6 +67,18 @@ def sequence_rows(
     return rows
 
 
+def record_fields(chosen, rows_of: list[tuple[int, int]], length: int) -> dict:
+    """`PackedBatch`'s record fields for a packed row (`pack_one`'s layout: `rows_of` gives each
+    sequence's prompt and completion start): its rows and their store, or none unless every
+    sequence's records serve and come from one store."""
+    if all(getattr(s, "hidden", None) is None for s in chosen):
+        return {}
+    rows, store = packed_record_rows(chosen, rows_of, length)
+    if rows is None:
+        return {}
+    return {"record_rows_L": torch.from_numpy(rows), "record_store": store}
+
+
 def packed_record_rows(chosen, rows_of: list[tuple[int, int]], length: int):
     """(rows [length], store) for a packed row (`pack_one`'s layout: `rows_of` gives each
     sequence's prompt and completion start), or (None, None) unless every sequence's records
