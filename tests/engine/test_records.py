@@ -3,7 +3,9 @@ float32): with a store attached every completion carries the host row of each po
 its last token, and each row is transformers' own output of every decoder layer at that position
 (its forward over prompt + completion); a group's samples share their prompt's rows; preempted
 and continued sequences keep aligned rows; a reset makes old rows stale; past its room a store
-stops recording and says so."""
+stops recording and says so. Beside each row, the log-sum-exp and entropy of the distribution a
+step sampled the next token from at that position (transformers' logits at the temperature;
+NaN where nothing was sampled), kept through preemption and continuation."""
 
 from __future__ import annotations
 
@@ -46,6 +48,25 @@ def recorded(completion) -> torch.Tensor:
     return torch.stack([store.read_layer(rows, k) for k in layers], dim=1)
 
 
+def hf_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0]
+
+
+def assert_stats(completion, model, first_sampled: int, temperature: float) -> None:
+    """The statistics at every position from `first_sampled` on (each predicts a sampled
+    token) are `row_stats` of transformers' logits there; the positions before are NaN."""
+    from reinforge.engine.sampling import row_stats
+
+    hidden = completion.hidden
+    hidden.store.wait()
+    stats = torch.from_numpy(hidden.store.stats_of(hidden.rows_P[: hidden.length]))
+    ids = hidden.token_ids
+    want = row_stats(hf_logits(model, ids)[first_sampled : len(ids) - 1], temperature)
+    torch.testing.assert_close(stats[first_sampled:], want, atol=2e-5, rtol=2e-5)
+    assert torch.isnan(stats[:first_sampled]).all()
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_records_are_every_layers_output(micro_dir, tokenizer, family, monkeypatch):
     model = build_model(family, micro_dir, tokenizer)
@@ -65,6 +86,7 @@ def test_records_are_every_layers_output(micro_dir, tokenizer, family, monkeypat
             torch.testing.assert_close(
                 recorded(completion), hf_layer_outputs(model, ids)[:-1], atol=2e-5, rtol=2e-5
             )
+            assert_stats(completion, model, len(prompt) - 1, 1.0)
         first, second = group  # the prompt computed once, for both
         n = len(prompt)
         np.testing.assert_array_equal(first.hidden.rows_P[:n], second.hidden.rows_P[:n])
@@ -86,7 +108,7 @@ def test_preempted_and_continued_sequences_keep_aligned_records(micro_dir, token
     model = build_model("qwen2", micro_dir, tokenizer)
     engine = PagedEngine(model, tokenizer, block_size=4, num_blocks=12)
     engine.runner.record_hidden(1 << 30)
-    params = SamplingParams(max_new_tokens=14, temperature=1.0, n=3, seed=1, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=14, temperature=0.7, n=3, seed=1, ignore_eos=True)
     outputs = engine.generate(PROMPTS[:2], params)
     assert engine.stats.extra["num_preemptions"] > 0
     for prompt, group in zip(PROMPTS, outputs):
@@ -95,11 +117,29 @@ def test_preempted_and_continued_sequences_keep_aligned_records(micro_dir, token
             torch.testing.assert_close(
                 recorded(completion), hf_layer_outputs(model, ids)[:-1], atol=2e-5, rtol=2e-5
             )
+            # a recomputed position keeps the row its token was sampled from
+            assert_stats(completion, model, len(prompt) - 1, 0.7)
     longer = continued_after_stop(engine, PROMPTS[1])
     completion = engine._completion(longer)
     torch.testing.assert_close(
         recorded(completion), hf_layer_outputs(model, longer.token_ids)[:-1], atol=2e-5, rtol=2e-5
     )
+    # greedy steps: at temperature 1; the three ids the session appended were not sampled
+    completion.hidden.store.wait()
+    stats = completion.hidden.store.stats_of(completion.hidden.rows_P[: completion.hidden.length])
+    n, total = len(PROMPTS[1]), len(longer.token_ids)
+    appended = range(total - 4 - 3, total - 4 - 1)  # the ids before the last appended one
+    assert np.isfinite(stats[n - 1 : total - 4 - 3]).all()
+    assert np.isnan(stats[list(appended)]).all()
+    assert np.isfinite(stats[total - 4 - 1 :]).all()
+    want = row_stats_of(model, longer.token_ids, total - 4 - 1)
+    torch.testing.assert_close(torch.from_numpy(stats[total - 4 - 1 :]), want, atol=2e-5, rtol=2e-5)
+
+
+def row_stats_of(model, ids: list[int], first: int) -> torch.Tensor:
+    from reinforge.engine.sampling import row_stats
+
+    return row_stats(hf_logits(model, ids)[first : len(ids) - 1], 1.0)
 
 
 def test_a_store_past_its_room_stops_recording(micro_dir, tokenizer):

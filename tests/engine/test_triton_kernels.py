@@ -359,6 +359,32 @@ def test_inverse_cdf_sampler_draws_what_the_torch_sampler_draws(dtype):
 
 
 @runs_here
+def test_inverse_cdf_sampler_also_gives_each_rows_log_sum_exp_and_entropy():
+    """`stats_out`: `sampling.row_stats` of each row at the temperature (the records' statistics
+    for the trainer's LM head), from the first pass's sums; the same draws as without. Rows
+    with a large spread, a near one-hot row, and -inf entries (zero mass) included."""
+    generator = torch.Generator().manual_seed(8)
+    B, V = (64, 151_936) if HAS_CUDA else (6, 3000)
+    logits = torch.randn(B, V, generator=generator) * torch.linspace(0.1, 8.0, B)[:, None]
+    logits[0, 5] = 60.0  # nearly all mass on one token
+    logits[1, : V // 2] = -float("inf")
+    seeds = torch.randint(0, 2**63 - 1, (B,), generator=generator).to(DEVICE)
+    positions = torch.randint(0, 4096, (B,), generator=generator).to(DEVICE)
+    for temperature in (1.0, 0.6):
+        x = logits.to(torch.bfloat16).to(DEVICE)
+        stats = torch.empty(B, 2, device=DEVICE)
+        ids, lps = triton_sampling.sample_inverse_cdf(
+            x, temperature, seeds, positions, num_chunks=5, stats_out=stats
+        )
+        plain_ids, plain_lps = triton_sampling.sample_inverse_cdf(
+            x, temperature, seeds, positions, num_chunks=5
+        )
+        assert torch.equal(ids, plain_ids) and torch.equal(lps, plain_lps)
+        want = sampling.row_stats(x.cpu(), temperature)
+        torch.testing.assert_close(stats.cpu(), want, atol=2e-4, rtol=1e-4)
+        assert stats[0, 1].item() < 1e-3  # (the near one-hot row)
+
+
 def test_inverse_cdf_sampler_follows_the_distribution_and_skips_zero_mass():
     B, temperature = 20000 if HAS_CUDA else 300, 0.8
     logits_V = torch.tensor([1.0, 0.6, 0.2, -0.2, -0.6, 0.0, -float("inf"), 0.3])

@@ -1,8 +1,10 @@
 """The update from the engine's records (`train.packing.records`, `train.engine_records`; the
 micro model, CPU float32): logprobs, entropies and every gradient equal the checkpointed plain
 path's, with and without shared prompts, for the mask and varlen attention implementations,
-padded to a graph's shape too; records that do not serve (other ids, stale, missing) leave the
-micro-batch to the plain path; an RL step from records equals one without them."""
+padded to a graph's shape too, with the LM head's forward taken from the engine's statistics
+(no logits) or computed; records that do not serve (other ids, stale, missing) leave the
+micro-batch to the plain path, statistics at another temperature leave the head's forward to
+the trainer; an RL step from records equals one without them."""
 
 from __future__ import annotations
 
@@ -38,9 +40,10 @@ def generated(model, n: int = 3, max_new_tokens: int = 7) -> list[PackSequence]:
     """The engine's completions of PROMPTS (n each) as sequences carrying their records."""
     tokenizer = load_tokenizer(builtin_path("micro", 0))
     engine = PagedEngine(model, tokenizer, block_size=4)
-    engine.runner.record_hidden(1 << 30)
+    engine.runner.record_hidden(1 << 30).trainer_temperature = 1.0
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, n=n, seed=4)
     out = engine.generate(PROMPTS, params)
+    out[0][0].hidden.store.wait()
     return [
         PackSequence(prompt, c.token_ids, hidden=c.hidden)
         for prompt, group in zip(PROMPTS, out)
@@ -54,6 +57,11 @@ def checkpointed(attention: str):
         select_packed_attention(model, attention)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
+
+
+def plain(batch):
+    """`batch` without the engine's records and statistics."""
+    return replace(batch, record_rows_L=None, record_stats_K2=None)
 
 
 def run(model, batch):
@@ -81,14 +89,20 @@ def test_the_update_from_records_equals_the_checkpointed_one(attention, shared):
     batch = pack_one(seqs, range(len(seqs)), share_prompts=shared)
     assert batch.record_rows_L is not None and (batch.key_index_J is not None) == shared
     assert batch.record_rows_L.shape == (batch.num_tokens,)
-    plain = run(model, replace(batch, record_rows_L=None))
+    assert batch.record_stats_K2.shape == (batch.targets_K.numel(), 2)
+    assert torch.isfinite(batch.record_stats_K2).all()  # every target was sampled
+    plain = run(model, replace(batch, record_rows_L=None, record_stats_K2=None))
     recorded = run(model, batch)
     assert_same(plain, recorded)
+    # the records with the head's own forward (its logits computed), or the statistics alone
+    assert_same(plain, run(model, replace(batch, record_stats_K2=None)))
+    assert_same(plain, run(model, replace(batch, record_rows_L=None)))
     # padded to a larger graph shape: the pad tokens read the zero row, the real ones as before
     shape = common_shape([batch], tokens=batch.num_tokens + 9, room=1.2)
     padded = pad_packed(batch, shape)
     assert shape.records is not None and padded.record_rows_L.shape == (shape.tokens,)
     assert not padded.record_rows_L[batch.num_tokens :].any()
+    assert shape.record_stats and padded.record_stats_K2.shape == (shape.targets, 2)
     logprobs_K, _, grads = run(model, padded)
     real = logprobs_K[: plain[0].numel()]
     torch.testing.assert_close(real, plain[0], atol=2e-5, rtol=2e-5)
@@ -110,12 +124,17 @@ def test_the_records_must_fit_the_ids_be_fresh_and_complete():
     cut = [PackSequence(s.prompt_ids, s.completion_ids[:3], hidden=s.hidden) for s in seqs]
     cut_batch = pack_one(cut, range(len(cut)))
     assert cut_batch.record_rows_L is not None
-    assert_same(run(model, replace(cut_batch, record_rows_L=None)), run(model, cut_batch))
+    assert_same(run(model, plain(cut_batch)), run(model, cut_batch))
     # a sequence without records
     missing = [*seqs[:-1], PackSequence(seqs[-1].prompt_ids, seqs[-1].completion_ids)]
     assert pack_one(missing, range(len(missing))).record_rows_L is None
     # the weights changed (an optimizer step) or a new rollout began: stale
     store = seqs[0].hidden.store
+    # statistics at a temperature the trainer does not take: the head computes its logits
+    store.trainer_temperature = 0.5
+    at_other = pack_one(seqs, range(len(seqs)))
+    assert at_other.record_rows_L is not None and at_other.record_stats_K2 is None
+    store.trainer_temperature = 1.0
     store.invalidate()
     assert pack_one(seqs, range(len(seqs))).record_rows_L is None
     # and until the next rollout begins, generations record nothing (an evaluation's)
@@ -156,6 +175,7 @@ def test_an_rl_step_from_records_equals_one_without(tmp_path):
             assert store is not None and store.num_rows > 1
             assert m["records_micro_batches"] >= 2, m.get("records_micro_batches")
             assert m["records_missed_micro_batches"] == 0
+            assert m["records_head_micro_batches"] == m["records_micro_batches"]
             assert store.generation >= 2  # reset for the rollout, then stale after the step
         else:
             assert store is None and "records_micro_batches" not in m
@@ -263,7 +283,9 @@ def test_a_lora_models_update_from_records_equals_the_checkpointed_one(generatio
     ]
     batch = pack_one(seqs, range(len(seqs)))
     assert batch.record_rows_L is not None
-    plain = run(model, replace(batch, record_rows_L=None))
+    assert batch.record_stats_K2 is None  # (the test set no trainer temperature)
+    batch = replace(batch, record_stats_K2=engine_stats_of(batch))
+    plain = run(model, replace(batch, record_rows_L=None, record_stats_K2=None))
     recorded = run(model, batch)
     trainable = [i for i, p in enumerate(model.parameters()) if p.requires_grad]
     assert trainable and all("lora_" in n for n, p in model.named_parameters() if p.requires_grad)
@@ -311,7 +333,22 @@ def test_a_multi_turn_step_from_records_equals_one_without(tmp_path):
     (on, on_w), (off, off_w) = results[True], results[False]
     assert on["turns_per_episode"] > 1.5  # multi-turn, most episodes
     assert on["records_micro_batches"] >= 4 and on["records_missed_micro_batches"] == 0
+    # the environment's tokens have no statistics, and need none
+    assert on["records_head_micro_batches"] == on["records_micro_batches"]
     for key in ("loss", "grad_norm", "entropy"):
         assert abs(on[key] - off[key]) <= 1e-6 + 1e-4 * abs(off[key]), key
     for a, b in zip(on_w, off_w):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+def engine_stats_of(batch):
+    """The engine's statistics at `batch`'s targets, served at temperature 1."""
+    from reinforge.train.packing.records import engine_stats
+
+    store = batch.record_store
+    store.wait()
+    store.trainer_temperature = 1.0
+    rows = batch.record_rows_L[batch.target_positions_K].numpy()
+    stats = engine_stats(store, rows, batch.mask_K.tolist())
+    assert stats is not None
+    return torch.from_numpy(stats)

@@ -190,15 +190,19 @@ class DecodeGraphs:
         # recording (`ModelRunner.record_hidden`): every replay writes its tokens' residual
         # streams here, [rows, layers, hidden]
         self.records = None
+        # and a sampling replay its rows' log-sum-exp and entropy, [rows, 2] (`row_stats`)
+        self.stats = None
         if runner.records is not None:
             shape = (self.max_batch_size, *runner.records.row_shape)
             self.records = torch.zeros(shape, dtype=runner.dtype, device=device)
+            self.stats = torch.zeros((self.max_batch_size, 2), dtype=torch.float32, device=device)
         # by (batch size, the temperature the graph samples at: None, it only computes logits)
         self.graphs: dict[tuple[int, float | None], torch.cuda.CUDAGraph] = {}
         # a sampling graph's ids and logprobs [bucket] (its own output tensors)
         self.samples: dict[tuple[int, float | None], tuple[torch.Tensor, torch.Tensor]] = {}
         # the last replay's samples, row by row (None: that graph did not sample)
         self.last_samples: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.last_stats: torch.Tensor | None = None  # and its rows' stats, when it kept them
         self.pool: Any = None  # the graphs' shared memory pool (an opaque handle)
         self.capture_key = self._capture_key()
         self.capture_seconds = 0.0
@@ -267,6 +271,8 @@ class DecodeGraphs:
         self.graphs[key].replay()
         samples = self.samples.get(key)
         self.last_samples = None if samples is None else (samples[0][:n], samples[1][:n])
+        sampled = samples is not None and self.stats is not None
+        self.last_stats = self.stats[:n] if sampled else None
         return self.logits[:n]
 
     def row(self, field: int, n: int) -> torch.Tensor:
@@ -342,7 +348,10 @@ class DecodeGraphs:
             from reinforge.engine.triton_sampling import sample_inverse_cdf
 
             seeds, positions = self.rows[SEEDS, :bucket], self.rows[OUTPUT_POSITIONS, :bucket]
-            return sample_inverse_cdf(self.logits[:bucket], temperature, seeds, positions)
+            stats = None if self.stats is None else self.stats[:bucket]
+            return sample_inverse_cdf(
+                self.logits[:bucket], temperature, seeds, positions, stats_out=stats
+            )
 
         step()  # compiles the Triton kernels and sets up cuBLAS outside the capture
         graph = torch.cuda.CUDAGraph()

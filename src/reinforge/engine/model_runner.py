@@ -300,13 +300,25 @@ class ModelRunner(StepSampling):
         fused = self.is_fast_path and uses_fused_sampler(params) and params.temperature > 0.0
         logits = self.run(batch, prev_ids, params.temperature if fused else None)
         samples = self.graphs.last_samples if self._graph_logits else None
-        ids, logprobs = samples if samples is not None else self.sample(batch, logits, params)
+        recording = self.records is not None and self.last_records is not None
+        recording = recording and self.records.active
+        if samples is not None:
+            ids, logprobs = samples
+            stats = self.graphs.last_stats
+        else:
+            ids, logprobs, stats = self.sample(batch, logits, params, stats=recording)
         routes = self._routes_to_host()  # queued before `_fetch`'s event
         step = LaunchedStep(batch, ids, *self._fetch(ids, logprobs))
-        if self.records is not None and self.last_records is not None:
+        if recording:
             # after the results' copy: a copy engine busy with the records' transfer must not
             # hold the step's results (and the stream behind them) back
-            self.records.write(self.last_records, batch.groups, reused=self._graph_logits)
+            self.records.write(
+                self.last_records,
+                batch.groups,
+                reused=self._graph_logits,
+                stats_G2=stats,
+                temperature=params.temperature,
+            )
         step.routes, step.route_spans = (routes, spans) if routes is not None else (None, None)
         if self.entropy_requested and any(
             seq.num_output_tokens < seq.entropy_window for seq in batch.seqs

@@ -18,6 +18,14 @@ A rollout's rows are valid until the store is reset (the trainer does, before ea
 the weights change (`invalidate`, after each optimizer step): a `HiddenRows` of an older
 generation is not used. Past `max_bytes` of rows a rollout stops recording (its micro-batches
 then run as before).
+
+Beside each row the store keeps the LM head's statistics at that position when a step sampled
+from it: the log-sum-exp and entropy of the temperature-scaled distribution (`stats_of`; NaN
+where no step sampled, e.g. a prompt's inner positions). A sampled token's logprob, entropy and
+the gradient of both need nothing else of the forward's logits, so the trainer's LM head skips
+its forward too (`train.packing.logprobs`). A decode graph's fused sampler writes them (one more
+sum per logit); other steps take `sampling.row_stats`. A position recomputed after a preemption
+keeps the row (and statistics) it was first sampled with.
 """
 
 from __future__ import annotations
@@ -43,12 +51,19 @@ class HiddenRows:
         self.length = 0
         self.token_ids: list[int] | None = None  # (`completed`)
 
-    def write(self, start: int, rows: np.ndarray) -> None:
+    def write(self, start: int, rows: np.ndarray, keep: bool = False) -> None:
+        """Positions start .. start + len(rows) - 1 are in `rows`. `keep`: a position that has
+        a row already keeps it (recomputed after a preemption: the same weights and ids, and
+        its first row has the statistics its token was sampled with)."""
         end = start + len(rows)
         if end > len(self.rows_P):
             grown = np.full(max(end, 2 * len(self.rows_P)), -1, dtype=np.int64)
             grown[: self.length] = self.rows_P[: self.length]
             self.rows_P = grown
+        if keep and start < self.length:
+            old = self.rows_P[start : min(end, self.length)]
+            rows = rows.copy()
+            rows[: len(old)] = np.where(old > 0, old, rows[: len(old)])
         self.rows_P[start:end] = rows
         self.length = max(self.length, end)
 
@@ -88,6 +103,14 @@ class HiddenStore:
         self.chunk_rows = max(CHUNK_BYTES // self.row_bytes, 1)
         self.max_rows = max(max_bytes // self.row_bytes, 0)
         self.chunks: list[torch.Tensor] = []  # host [chunk_rows, layers, hidden]
+        self.stats_chunks: list[torch.Tensor] = []  # host [chunk_rows, 2] float32 (`stats_of`)
+        # the temperature this generation's statistics are at (None: none yet); `stats_mixed`:
+        # steps sampled at more than one, so none serve
+        self.stats_temperature: float | None = None
+        self.stats_mixed = False
+        # the temperature the trainer's logprobs take (its owner sets it): others do not serve
+        self.trainer_temperature: float | None = None
+        self.pending = False  # rows written since the last `wait` (not on the host yet)
         self.cursor = 1  # row 0 is zeros: positions never computed (a completion's last token)
         self.generation = 0
         self.overflowed = False  # this generation ran past max_rows: its rows are not used
@@ -99,6 +122,7 @@ class HiddenStore:
         # decode steps' records staged on the device (`_stage`): two halves in turn, the rows
         # staged in the current one and the arena row of its first
         self.halves: list[torch.Tensor] = []
+        self.stat_halves: list[torch.Tensor] = []
         self.half_events: list[torch.cuda.Event | None] = [None, None]
         self.half = 0
         self.staged = 0
@@ -117,6 +141,8 @@ class HiddenStore:
         self.cursor = 1
         self.overflowed = False
         self.active = True
+        self.stats_temperature = None
+        self.stats_mixed = False
 
     def invalidate(self) -> None:
         """The weights changed: rows written so far are stale, and none are written until the
@@ -139,27 +165,40 @@ class HiddenStore:
             if not self.chunks:
                 chunk[0].zero_()
             self.chunks.append(chunk)
+            stats = torch.empty((self.chunk_rows, 2), dtype=torch.float32, pin_memory=self.cuda)
+            self.stats_chunks.append(stats.fill_(float("nan")))
         return True
 
-    def write(self, records_TNH: torch.Tensor, groups: list[list[Any]], reused: bool = False):
+    def write(
+        self,
+        records_TNH: torch.Tensor,
+        groups: list[list[Any]],
+        reused: bool = False,
+        stats_G2: torch.Tensor | None = None,
+        temperature: float | None = None,
+    ):
         """A step's records (on the device) into fresh rows, and each group's sequences told
         which rows hold the positions the step computed (from each leader's cached tokens on:
         called before the scheduler counts the step's tokens as cached; a prefill's rows go to
         every member of the group, whose prompt they are). `reused`: a buffer the next step
         overwrites (a decode graph's): staged on the device and sent to the host in batches
-        (`_stage`). Queued, not waited for."""
+        (`_stage`). `stats_G2`: the log-sum-exp and entropy each group sampled its next token
+        from (at its last position this step), at `temperature`. Queued, not waited for."""
         T = records_TNH.shape[0]
         if not self.active or self.overflowed or T == 0 or not self._room(T):
             return
         base = self.cursor
         self.cursor += T
+        self.pending = True
+        stats_T2 = self._stats_rows(T, groups, stats_G2, temperature)
         if reused:
-            self._stage(records_TNH, base)
+            self._stage(records_TNH, base, stats_T2)
         else:
             self.flush()  # (staged rows stay one contiguous run of the arena)
-            self._to_host(records_TNH, base)
-            if self.cuda:  # the step's own tensor: its memory waits for the copy before reuse
+            self._to_host(records_TNH, base, stats_T2)
+            if self.cuda:  # the step's own tensors: their memory waits for the copy
                 records_TNH.record_stream(self.stream)
+                stats_T2.record_stream(self.stream)
         generation = self.generation
         if len(groups) == T:  # a decode: one position per group (the hot path)
             for i, group in enumerate(groups):
@@ -179,8 +218,28 @@ class HiddenStore:
             rows = np.arange(base + offset, base + offset + end - start, dtype=np.int64)
             offset += end - start
             for seq in group:
-                self._rows_of(seq).write(start, rows)
+                self._rows_of(seq).write(start, rows, keep=True)
         assert offset == T, "one record row per computed token"
+
+    def _stats_rows(self, T: int, groups, stats_G2, temperature) -> torch.Tensor:
+        """[T, 2] on the device: each group's statistics at the row of its last position this
+        step, NaN elsewhere (a decode: one row per group)."""
+        if stats_G2 is None:
+            return torch.full((T, 2), float("nan"), device=self.device)
+        assert stats_G2.shape == (len(groups), 2), (stats_G2.shape, len(groups))
+        temperature = float(temperature or 1.0)
+        if self.stats_temperature is None:
+            self.stats_temperature = temperature
+        elif self.stats_temperature != temperature:
+            self.stats_mixed = True
+        if len(groups) == T:
+            return stats_G2
+        ends = np.cumsum([g[0].num_tokens - g[0].num_cached_tokens for g in groups]) - 1
+        index = torch.from_numpy(ends)
+        if self.cuda:
+            index = index.pin_memory().to(self.device, non_blocking=True)
+        out = torch.full((T, 2), float("nan"), device=self.device)
+        return out.index_copy_(0, index, stats_G2)
 
     def _rows_of(self, seq) -> HiddenRows:
         """`seq`'s rows of this generation (fresh ones when it has none or stale ones)."""
@@ -188,7 +247,7 @@ class HiddenStore:
             seq.hidden = self.new_rows(seq.num_prompt_tokens + seq.params.max_new_tokens)
         return seq.hidden
 
-    def _stage(self, records_TNH: torch.Tensor, base: int) -> None:
+    def _stage(self, records_TNH: torch.Tensor, base: int, stats_T2: torch.Tensor) -> None:
         """A decode step's records into the device's staging half in use (one copy on the
         compute stream), which goes to the host as one transfer when full: a step then queues
         one copy, not a transfer, events and stream switches (the decode loop's host work is
@@ -199,6 +258,8 @@ class HiddenStore:
             self.flush()
             shape = (STAGE_STEPS * T, *self.row_shape)
             self.halves = [torch.empty(shape, dtype=self.dtype, device=self.device) for _ in "ab"]
+            rows = (STAGE_STEPS * T, 2)
+            self.stat_halves = [torch.empty(rows, device=self.device) for _ in "ab"]
             self.half_events = [None, None]
             self.staged = 0
         half = self.halves[self.half]
@@ -211,6 +272,7 @@ class HiddenStore:
                 torch.cuda.current_stream(self.device).wait_event(event)
             self.staged_base = base
         half[self.staged : self.staged + T].copy_(records_TNH)
+        self.stat_halves[self.half][self.staged : self.staged + T].copy_(stats_T2)
         self.staged += T
 
     def flush(self) -> None:
@@ -218,37 +280,66 @@ class HiddenStore:
         if not self.staged:
             return
         half = self.halves[self.half][: self.staged]
-        self.half_events[self.half] = self._to_host(half, self.staged_base)
+        stats = self.stat_halves[self.half][: self.staged]
+        self.half_events[self.half] = self._to_host(half, self.staged_base, stats)
         self.half = 1 - self.half
         self.staged = 0
 
-    def _to_host(self, records_TNH: torch.Tensor, base: int) -> torch.cuda.Event | None:
-        """Rows base .. base + T - 1 from the device (a stream of their own on CUDA, after the
-        compute stream's work so far), split where they cross a chunk; the transfer's event."""
+    def _to_host(
+        self, records_TNH: torch.Tensor, base: int, stats_T2: torch.Tensor
+    ) -> torch.cuda.Event | None:
+        """Rows base .. base + T - 1 (and their statistics) from the device (a stream of their
+        own on CUDA, after the compute stream's work so far), split where they cross a chunk;
+        the transfer's event."""
         T = records_TNH.shape[0]
         if not self.cuda:
-            for dst, lo, hi in self._pieces(base, T):
+            for dst, stats, lo, hi in self._pieces(base, T):
                 dst.copy_(records_TNH[lo:hi])
+                stats.copy_(stats_T2[lo:hi])
             return None
         assert self.stream is not None
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.stream):
-            for dst, lo, hi in self._pieces(base, T):
+            for dst, stats, lo, hi in self._pieces(base, T):
                 dst.copy_(records_TNH[lo:hi], non_blocking=True)
+                stats.copy_(stats_T2[lo:hi], non_blocking=True)
             done = torch.cuda.Event()
             done.record(self.stream)
         self.last_event = done
         return done
 
     def _pieces(self, base: int, n: int):
-        """(host rows, lo, hi): where rows base .. base + n - 1 lie, chunk by chunk."""
+        """(host rows, their statistics, lo, hi): where rows base .. base + n - 1 lie, chunk
+        by chunk."""
         lo = 0
         while lo < n:
             row = base + lo
             chunk, r = divmod(row, self.chunk_rows)
             hi = min(n, lo + self.chunk_rows - r)
-            yield self.chunks[chunk][r : r + hi - lo], lo, hi
+            yield (
+                self.chunks[chunk][r : r + hi - lo],
+                self.stats_chunks[chunk][r : r + hi - lo],
+                lo,
+                hi,
+            )
             lo = hi
+
+    def stats_of(self, rows: np.ndarray) -> np.ndarray:
+        """[n, 2] float32: the log-sum-exp and entropy a step sampled from at each row's
+        position (NaN: none did; row 0: NaN). On the host, after `wait`."""
+        assert not self.pending, "statistics read before the store's `wait`"
+        out = np.full((len(rows), 2), np.nan, dtype=np.float32)
+        chunk, local = np.divmod(rows, self.chunk_rows)
+        for c, stats in enumerate(self.stats_chunks):
+            where = np.flatnonzero(chunk == c)
+            if len(where):
+                out[where] = stats.numpy()[local[where]]
+        return out
+
+    def stats_serve(self) -> bool:
+        """Whether this generation's statistics are all at the trainer's temperature."""
+        t = self.stats_temperature
+        return not self.stats_mixed and t is not None and t == self.trainer_temperature
 
     def wait(self) -> None:
         """Every row on the host: the staged ones sent, every transfer done (before the trainer
@@ -257,7 +348,9 @@ class HiddenStore:
         self.flush()
         if self.last_event is not None:
             self.last_event.synchronize()
+        self.pending = False
         self.halves = []  # (the update gets their memory; the next rollout stages anew)
+        self.stat_halves = []
         self.half_events = [None, None]
 
     def read_layer(self, rows_L: torch.Tensor, layer: int, out: torch.Tensor | None = None):

@@ -30,6 +30,17 @@ def sample(
     return ids_B, logprobs_BV.gather(-1, ids_B[:, None]).squeeze(-1)
 
 
+def row_stats(logits_BV: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[B, 2] float32: each row's log-sum-exp and entropy (nats) of softmax(logits / T), T = 1
+    when greedy: the distribution the logprobs above are taken under, which the trainer's LM
+    head computes again unless the engine kept these (`engine.records`)."""
+    z_BV = logits_BV.float() / (temperature or 1.0)
+    lse_B = torch.logsumexp(z_BV, dim=-1)
+    logp_BV = z_BV - lse_B[:, None]
+    entropy_B = -(logp_BV.exp() * logp_BV).nan_to_num(0.0).sum(-1)
+    return torch.stack([lse_B, entropy_B], dim=1)
+
+
 def filter_logprobs(
     logprobs_BV: torch.Tensor, top_p: float, top_k: int, min_p: float
 ) -> torch.Tensor:

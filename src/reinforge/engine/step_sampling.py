@@ -14,7 +14,7 @@ import torch
 
 from reinforge.engine import eager_inputs
 from reinforge.engine.base import SamplingParams
-from reinforge.engine.sampling import row_uniform, sample_keyed
+from reinforge.engine.sampling import row_stats, row_uniform, sample_keyed
 from reinforge.engine.scheduler import Batch
 
 
@@ -45,15 +45,20 @@ class StepSampling:
         batch: Batch,
         logits_GV: torch.Tensor,
         params: SamplingParams,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ids, logprobs) on the device: one token per sequence of the batch; every member of
-        a group samples from its leader's logits. The noise of each draw is keyed by the
-        sequence's `sample_seed` and position, never by the batch it runs in."""
+        stats: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(ids, logprobs, stats) on the device: one token per sequence of the batch; every
+        member of a group samples from its leader's logits. The noise of each draw is keyed by
+        the sequence's `sample_seed` and position, never by the batch it runs in. `stats`: also
+        each group's log-sum-exp and entropy of the distribution it samples from, [groups, 2]
+        (`sampling.row_stats`; the fused sampler's own in a decode), else None."""
+        leaders_GV = logits_GV
         if batch.is_prefill:  # (a decode's groups are one sequence each)
             sizes = [len(group) for group in batch.groups]
             if any(size > 1 for size in sizes):
                 repeats = torch.tensor(sizes, device=logits_GV.device)
                 logits_GV = logits_GV.repeat_interleave(repeats, dim=0, output_size=sum(sizes))
+        stats_G2 = None
         if self.is_fast_path and uses_fused_sampler(params):
             from reinforge.engine import cuda_graphs, triton_sampling
 
@@ -67,8 +72,11 @@ class StepSampling:
                 seeds = eager_inputs.longs([seq.sample_seed for seq in seqs], self.device)
                 positions = eager_inputs.longs([seq.num_output_tokens for seq in seqs], self.device)
             if params.temperature > 0.0:
+                fused_stats = stats and not batch.is_prefill
+                if fused_stats:
+                    stats_G2 = torch.empty((n, 2), dtype=torch.float32, device=self.device)
                 ids, lps = triton_sampling.sample_inverse_cdf(
-                    logits_GV, params.temperature, seeds, positions
+                    logits_GV, params.temperature, seeds, positions, stats_out=stats_G2
                 )
             else:
                 ids, lps = triton_sampling.sample_gumbel(logits_GV, 0.0, seeds, positions)
@@ -82,7 +90,9 @@ class StepSampling:
                 params.min_p,
                 uniforms,
             )
-        return ids, lps
+        if stats and stats_G2 is None:
+            stats_G2 = row_stats(leaders_GV, params.temperature)
+        return ids, lps, stats_G2
 
     def _fetch(self, ids: torch.Tensor, logprobs: torch.Tensor):
         """Start copying the step's results to the host; (ids, logprobs, event) to wait on."""

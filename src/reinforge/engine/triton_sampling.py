@@ -230,13 +230,15 @@ def _row_uniform(seed, position):
 @triton.jit
 def _icdf_partial_kernel(
     logits_ptr,  # [B, V]
-    part_ptr,  # [B, NUM_CHUNKS, 2] float32, base 2: chunk max, sum of exp2(x - max)
+    part_ptr,  # [B, NUM_CHUNKS, 3] float32, base 2: chunk max m, sum of exp2(x - m), and (STATS)
+    # the sum of exp2(x - m) * (x - m), for the row's entropy
     stride_l,
     V,
     inv_t,  # log2(e) / temperature
     CHUNK: tl.constexpr,
     BLOCK_V: tl.constexpr,
     NUM_CHUNKS: tl.constexpr,
+    STATS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -244,17 +246,25 @@ def _icdf_partial_kernel(
     lanes = tl.arange(0, BLOCK_V)
     m = -float("inf")  # the chunk's running max so far (a scalar: one exp2 per element)
     s = tl.zeros([BLOCK_V], tl.float32)
+    t = tl.zeros([BLOCK_V], tl.float32)
     lo = chunk * CHUNK
     for start in range(lo, lo + CHUNK, BLOCK_V):
         offs = start + lanes
         x = tl.load(logits_row + offs, mask=offs < V, other=float("-inf")).to(tl.float32) * inv_t
         m_new = tl.maximum(m, tl.max(x, 0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a block of padding only
-        s = s * tl.exp2(m - m_safe) + tl.exp2(x - m_safe)
+        alpha = tl.exp2(m - m_safe)
+        e = tl.exp2(x - m_safe)
+        if STATS:  # sum e * (x - m), moved to the new max: alpha * (t + (m_old - m_new) * s)
+            shift = tl.where(m == float("-inf"), 0.0, m - m_safe)
+            t = alpha * (t + shift * s) + tl.where(e > 0.0, e * (x - m_safe), 0.0)
+        s = s * alpha + e
         m = m_new
-    base = (row * NUM_CHUNKS + chunk) * 2
+    base = (row * NUM_CHUNKS + chunk) * 3
     tl.store(part_ptr + base, m)
     tl.store(part_ptr + base + 1, tl.sum(s, 0))
+    if STATS:
+        tl.store(part_ptr + base + 2, tl.sum(t, 0))
 
 
 @triton.jit
@@ -265,6 +275,7 @@ def _icdf_pick_kernel(
     positions_ptr,  # [B] int64 output position of each row
     ids_ptr,  # [B] int64
     logprobs_ptr,  # [B] float32
+    stats_ptr,  # [B, 2] float32 (STATS): the row's log-sum-exp and entropy, natural units
     stride_l,
     V,
     inv_t,
@@ -272,16 +283,27 @@ def _icdf_pick_kernel(
     BLOCK_V: tl.constexpr,
     NUM_CHUNKS: tl.constexpr,
     CHUNKS_PAD: tl.constexpr,
+    STATS: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     logits_row = logits_ptr + row * stride_l
     chunks = tl.arange(0, CHUNKS_PAD)
     inside = chunks < NUM_CHUNKS
-    m_c = tl.load(part_ptr + (row * NUM_CHUNKS + chunks) * 2, mask=inside, other=float("-inf"))
-    s_c = tl.load(part_ptr + (row * NUM_CHUNKS + chunks) * 2 + 1, mask=inside, other=0.0)
+    m_c = tl.load(part_ptr + (row * NUM_CHUNKS + chunks) * 3, mask=inside, other=float("-inf"))
+    s_c = tl.load(part_ptr + (row * NUM_CHUNKS + chunks) * 3 + 1, mask=inside, other=0.0)
     top = tl.max(m_c, 0)
     mass = tl.where(inside & (s_c > 0), s_c * tl.exp2(m_c - top), 0.0).to(tl.float64)
     total = tl.sum(mass, 0)
+    if STATS:
+        # H = ln 2 * (log2(total) - sum p * (x - top)): two non-negative terms, no cancellation
+        t_c = tl.load(part_ptr + (row * NUM_CHUNKS + chunks) * 3 + 2, mask=inside, other=0.0)
+        shift = tl.where(inside & (s_c > 0), m_c - top, 0.0)
+        scale = tl.where(inside & (s_c > 0), tl.exp2(m_c - top), 0.0)
+        moment = tl.sum((scale * (t_c + shift * s_c)).to(tl.float64), 0)
+        log2_total = tl.log2(total.to(tl.float32))
+        entropy2 = log2_total - (moment / total).to(tl.float32)
+        tl.store(stats_ptr + row * 2, (top + log2_total) * 0.6931471805599453)
+        tl.store(stats_ptr + row * 2 + 1, entropy2 * 0.6931471805599453)
     cum = tl.cumsum(mass, 0)
     target = _row_uniform(tl.load(seeds_ptr + row), tl.load(positions_ptr + row)) * total
     # the first chunk whose cumulative mass reaches the target (the last with mass when rounding
@@ -320,6 +342,7 @@ def sample_inverse_cdf(
     seeds_B: torch.Tensor,
     positions_B: torch.Tensor,
     num_chunks: int = 16,
+    stats_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids_B, logprobs_B): row b's token is the first whose cumulative probability under
     softmax(logits / T) reaches u * total, u = `sampling.row_uniform(seeds_B[b], positions_B[b])`
@@ -328,7 +351,9 @@ def sample_inverse_cdf(
     Two passes: per (row, chunk) the max and the sum of exp (every logit read once, one exp
     each), then per row the chunk the draw falls in, read again and scanned. Against
     `sample_gumbel` it needs no random bits per logit (the Philox cipher and two logarithms per
-    logit were its cost). Temperature > 0 only."""
+    logit were its cost). Temperature > 0 only. `stats_out` ([B, 2] float32): each row's
+    log-sum-exp and entropy of softmax(logits / T) written there too (`sampling.row_stats`; the
+    first pass sums one more product per logit)."""
     assert temperature > 0.0, "greedy decoding takes sample_gumbel's argmax"
     B, V = logits_BV.shape
     assert logits_BV.stride(-1) == 1
@@ -337,10 +362,14 @@ def sample_inverse_cdf(
     lps = torch.empty(B, device=device)
     if B == 0:
         return ids, lps
+    stats = stats_out is not None
+    if stats:
+        assert stats_out.shape == (B, 2) and stats_out.dtype == torch.float32
+        assert stats_out.is_contiguous()
     BLOCK_V, chunk, num_chunks = _vocab_chunks(V, num_chunks)
-    part = torch.empty((B, num_chunks, 2), dtype=torch.float32, device=device)
+    part = torch.empty((B, num_chunks, 3), dtype=torch.float32, device=device)
     inv_t = LOG2E / temperature
-    common = dict(CHUNK=chunk, BLOCK_V=BLOCK_V, NUM_CHUNKS=num_chunks)
+    common = dict(CHUNK=chunk, BLOCK_V=BLOCK_V, NUM_CHUNKS=num_chunks, STATS=stats)
     _icdf_partial_kernel[(B, num_chunks)](
         logits_BV, part, logits_BV.stride(0), V, inv_t, **common, num_warps=4
     )
@@ -351,6 +380,7 @@ def sample_inverse_cdf(
         positions_B,
         ids,
         lps,
+        stats_out if stats else lps,
         logits_BV.stride(0),
         V,
         inv_t,

@@ -66,7 +66,9 @@ def start_records(cfg, learner) -> None:
     an explicit `train.engine_records = true` that cannot apply says why, once."""
     blocker = records_blocker(cfg, learner)
     if blocker is None:
-        learner.policy.engine.runner.record_hidden(int(HOST_SHARE * host_bytes()))
+        store = learner.policy.engine.runner.record_hidden(int(HOST_SHARE * host_bytes()))
+        # the LM head's statistics serve at the trainer's temperature only
+        store.trainer_temperature = float(cfg.rollout.temperature or 1.0)
     elif cfg.train.engine_records is True:
         console.print(f"[yellow]train.engine_records = true has no effect here: {blocker}[/]")
 

@@ -89,6 +89,7 @@ def update_policy(
         counts = counts.to(device, non_blocking=True)
     launched = 0  # micro-batches that ran outside the step's graph
     recorded = 0  # micro-batches run from the engine's records (`train.engine_records`)
+    head_stats = 0  # and of them, those whose LM head took the engine's statistics
     with accumulation(model, unsharded) as before:
         for i, idx in enumerate(batches):
             before(last=i == len(batches) - 1)
@@ -100,6 +101,7 @@ def update_policy(
                 data = micro_data(batch, idx, packed[i], device)
                 step_metrics = micro_compute(cfg, learner, batch, len(idx), data)
             recorded += data.packed.record_rows_L is not None
+            head_stats += data.packed.record_stats_K2 is not None
             for key, value in step_metrics.items():
                 on_device[key] = combine(key, on_device.get(key), _detached(value))
     probe = probe_sequences(cfg, batch, batches, device)  # packed while the device still runs
@@ -124,6 +126,7 @@ def update_policy(
     if recorded or store_of(learner) is not None:  # (`train.engine_records`)
         totals["records_micro_batches"] = float(recorded)
         totals["records_missed_micro_batches"] = float(len(batches) - recorded)
+        totals["records_head_micro_batches"] = float(head_stats)
     totals.update(optimizer_step(cfg, learner))
     weights_changed(learner)  # the engine's records of this rollout are stale now
     totals.update(measure_policy_change(cfg, learner, batch, probe))  # one no-grad forward

@@ -124,6 +124,9 @@ class PackedBatch:
     # host rows ([L] long, 0: zeros), which the forward reads layer by layer
     record_rows_L: torch.Tensor | None = None
     record_store: Any = None
+    # and the LM head's log-sum-exp and entropy at each target, [K, 2] float32 (NaN: a target
+    # the loss does not read), which spare the head's forward its logits (`records.engine_stats`)
+    record_stats_K2: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -293,7 +296,7 @@ def pack_one(
         key_first_L=key_first_L,
         key_extra_E=key_extra_E,
         routes_TNK=packed_routes(chosen, rows_of, len(ids)),
-        **record_fields(chosen, rows_of, len(ids)),
+        **record_fields(chosen, rows_of, len(ids), target_positions, mask),
     )
 
 
@@ -336,7 +339,12 @@ def packed_logprobs(
     hidden_LH = packed_hidden_states(model, batch)
     hidden_KH = hidden_LH.index_select(0, batch.target_positions_K)
     return chunked_logprobs(
-        hidden_KH, lm_head_weight(model), batch.targets_K, temperature, chunk_size
+        hidden_KH,
+        lm_head_weight(model),
+        batch.targets_K,
+        temperature,
+        chunk_size,
+        stats_N2=batch.record_stats_K2,
     )
 
 

@@ -147,5 +147,6 @@ def packed_logprobs(model, batch: PackedBatch, temperature: float):
         batch.targets_K,
         temperature,
         weight_grad_in_place=not in_lockstep(model),
+        stats_N2=batch.record_stats_K2,  # the engine's: no logits in the forward
     )
     return hidden_KH, logprobs_K, entropy_K

@@ -105,6 +105,9 @@ def _grad_logits_kernel(
         # d logp_target / dz = onehot - p;  d H / dz = -p (log p + H)
         grad = -p * (g_ent * (logp + entropy) + g_logp)
         grad = tl.where(cols == target, grad + g_logp, grad) * inv_temp
+        # a row the loss does not read (masked out: its saved statistics may be placeholders,
+        # `ChunkedLogprobs` with the engine's) has no gradient, whatever they hold
+        grad = tl.where((g_logp == 0.0) & (g_ent == 0.0), 0.0, grad)
         tl.store(out + cols, grad.to(grad_ptr.dtype.element_ty), mask=inside)
 
 

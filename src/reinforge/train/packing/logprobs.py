@@ -66,17 +66,22 @@ def chunked_logprobs(
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     weight_grad_in_place: bool = False,
+    stats_N2: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob of each target and the entropy at each position, [N] float32 each (float64 for
     float64 inputs). `weight_grad_in_place`: see the module's contract (a no-op unless the
-    weight is a leaf that requires grad)."""
+    weight is a leaf that requires grad). `stats_N2`: each row's log-sum-exp and entropy of
+    softmax(logits / temperature), known already (the engine sampled from them:
+    `train.packing.records.engine_stats`; NaN for a row the loss does not read): the forward
+    then computes no logits, only each target's own (a row's logprob and entropy are 0 where
+    NaN, and it gets no gradient)."""
     assert hidden_NH.ndim == 2 and weight_VH.ndim == 2 and hidden_NH.shape[1] == weight_VH.shape[1]
     assert targets_N.shape == hidden_NH.shape[:1], "one target per hidden state"
     assert hidden_NH.dtype == weight_VH.dtype, "hidden states and head weight share a dtype"
     assert temperature > 0 and chunk_size >= 1
     in_place = weight_grad_in_place and weight_VH.is_leaf and weight_VH.requires_grad
     return ChunkedLogprobs.apply(
-        hidden_NH, weight_VH, targets_N, float(temperature), chunk_size, in_place
+        hidden_NH, weight_VH, targets_N, float(temperature), chunk_size, in_place, stats_N2
     )
 
 
@@ -89,11 +94,22 @@ class ChunkedLogprobs(torch.autograd.Function):
     frozen head's walks row chunks over the whole vocabulary (`_backward_by_rows`)."""
 
     @staticmethod
-    def forward(ctx, hidden_NH, weight_VH, targets_N, temperature, chunk_size, in_place=False):
+    def forward(
+        ctx,
+        hidden_NH,
+        weight_VH,
+        targets_N,
+        temperature,
+        chunk_size,
+        in_place=False,
+        stats_N2=None,
+    ):
         ctx.save_for_backward(hidden_NH, weight_VH, targets_N)
         ctx.temperature, ctx.chunk_size = temperature, chunk_size
         # the parameter itself (saved_tensors gives an alias whose .grad is not the parameter's)
         ctx.weight_param = weight_VH if in_place else None
+        if stats_N2 is not None:
+            return _from_stats(ctx, hidden_NH, weight_VH, targets_N, temperature, stats_N2)
         num = hidden_NH.shape[0]
         logprobs_N = torch.empty(num, dtype=_math_dtype(weight_VH), device=hidden_NH.device)
         entropy_N = torch.empty_like(logprobs_N)
@@ -131,7 +147,7 @@ class ChunkedLogprobs(torch.autograd.Function):
                 grad_hidden_NH = _backward_by_rows(
                     ctx, kernels, hidden_NH, weight_VH, targets_N, grad_logprobs_N, grad_entropy_N
                 )
-            return grad_hidden_NH, None, None, None, None, None
+            return grad_hidden_NH, None, None, None, None, None, None
         # The head-weight gradient, in the weight's own dtype, each vocabulary slice of it
         # written by one product over all rows (float32 inside the matmul, then one rounding).
         # In place: the sum starts from, and is, the parameter's own .grad.
@@ -156,7 +172,24 @@ class ChunkedLogprobs(torch.autograd.Function):
         )
         if param is not None:
             grad_weight_VH = None  # already in param.grad
-        return grad_hidden_NH, grad_weight_VH, None, None, None, None
+        return grad_hidden_NH, grad_weight_VH, None, None, None, None, None
+
+
+def _from_stats(ctx, hidden_NH, weight_VH, targets_N, temperature, stats_N2):
+    """`ChunkedLogprobs.forward` given each row's log-sum-exp and entropy: the logprob is the
+    target's logit (rounded to the weights' dtype, as the head's product rounds it) less the
+    log-sum-exp; no [rows, vocab] logits. Rows whose statistics are NaN (not read by the loss)
+    give 0 and save an infinite log-sum-exp, which the backward's unread rows ignore."""
+    math = _math_dtype(weight_VH)
+    lse_N = stats_N2[:, 0].to(math)
+    known_N = torch.isfinite(lse_N)
+    target_WH = weight_VH.index_select(0, targets_N)
+    z_N = (hidden_NH.to(math) * target_WH.to(math)).sum(-1).to(weight_VH.dtype).to(math)
+    logprobs_N = torch.where(known_N, z_N / temperature - lse_N, 0.0)
+    entropy_N = torch.where(known_N, stats_N2[:, 1].to(math), 0.0)
+    ctx.lse_N = torch.where(known_N, lse_N, float("inf"))
+    ctx.entropy_N = entropy_N.clone()
+    return logprobs_N, entropy_N
 
 
 def vocab_slice_width(num_rows: int, vocab: int, chunk_size: int) -> int:
@@ -355,7 +388,10 @@ def _slice_grad_logits(
     grad_NS.index_put_(
         (rows, local_targets_N[rows]), grad_logprobs_N[rows].to(grad_NS.dtype), accumulate=True
     )
-    return grad_NS
+    # a row the loss does not read has no gradient, whatever its saved statistics hold (the
+    # engine's placeholders for positions it never sampled from: `engine_stats`)
+    unread_N = (grad_logprobs_N == 0) & (grad_entropy_N == 0)
+    return grad_NS.masked_fill_(unread_N[:, None], 0.0)
 
 
 def _add_product(acc_NH: torch.Tensor, a_NS: torch.Tensor, b_SH: torch.Tensor) -> None:

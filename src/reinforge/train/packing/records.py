@@ -67,16 +67,44 @@ def sequence_rows(
     return rows
 
 
-def record_fields(chosen, rows_of: list[tuple[int, int]], length: int) -> dict:
+def record_fields(
+    chosen,
+    rows_of: list[tuple[int, int]],
+    length: int,
+    target_positions: Sequence[int],
+    mask: Sequence[float],
+) -> dict:
     """`PackedBatch`'s record fields for a packed row (`pack_one`'s layout: `rows_of` gives each
-    sequence's prompt and completion start): its rows and their store, or none unless every
-    sequence's records serve and come from one store."""
+    sequence's prompt and completion start, `target_positions` the row position that predicts
+    each target, `mask` the targets' loss mask): its rows and their store, or none unless every
+    sequence's records serve and come from one store; and the LM head's statistics at each
+    target (`engine_stats`) where they serve."""
     if all(getattr(s, "hidden", None) is None for s in chosen):
         return {}
     rows, store = packed_record_rows(chosen, rows_of, length)
     if rows is None:
         return {}
-    return {"record_rows_L": torch.from_numpy(rows), "record_store": store}
+    fields = {"record_rows_L": torch.from_numpy(rows), "record_store": store}
+    stats_K2 = engine_stats(store, rows[np.asarray(target_positions, dtype=np.int64)], mask)
+    if stats_K2 is not None:
+        fields["record_stats_K2"] = torch.from_numpy(stats_K2)
+    return fields
+
+
+def engine_stats(store, rows_K: np.ndarray, mask: Sequence[float]) -> np.ndarray | None:
+    """[K, 2] float32: the log-sum-exp and entropy the engine sampled each target from
+    (`HiddenStore.stats_of`), NaN for targets the loss does not read (a multi-turn episode's
+    environment tokens, never sampled); None unless every target the loss reads has them, at
+    the trainer's temperature. With them the LM head's forward computes no logits: a target's
+    logprob is its own logit less the log-sum-exp (`packing.logprobs`)."""
+    if not store.stats_serve():
+        return None
+    stats_K2 = store.stats_of(rows_K)
+    read_K = np.asarray(mask, dtype=np.float32) > 0
+    if not np.isfinite(stats_K2[read_K]).all():
+        return None
+    stats_K2[~read_K] = np.nan
+    return stats_K2
 
 
 def packed_record_rows(chosen, rows_of: list[tuple[int, int]], length: int):

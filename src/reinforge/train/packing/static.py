@@ -48,6 +48,7 @@ class PackedShape:
     max_keys: int
     shared: bool  # a key index (shared prompts) in some micro-batch
     records: tuple[int, ...] | None = None  # [layers, hidden] of the engine's records, or None
+    record_stats: bool = False  # the engine's LM-head statistics too (`records.engine_stats`)
 
 
 def common_shape(
@@ -83,6 +84,7 @@ def common_shape(
         max_keys=max_keys,
         shared=shared,
         records=_record_shape(batches),
+        record_stats=all(b.record_stats_K2 is not None for b in batches),
     )
     return replace(shape, segments=grow(max(_segments_needed(b, shape) for b in batches)))
 
@@ -100,6 +102,7 @@ def fits(b: PackedBatch, shape: PackedShape) -> bool:
     return (
         b.routes_TNK is None
         and (b.record_rows_L is None) == (shape.records is None)
+        and (b.record_stats_K2 is not None or not shape.record_stats)
         and b.num_tokens <= shape.tokens
         and (shape.shared or not shared)
         and (not shape.shared or _num_keys(b) + shape.tokens - b.num_tokens <= shape.keys)
@@ -212,6 +215,10 @@ def pad_packed(b: PackedBatch, shape: PackedShape) -> PackedBatch:
         record_rows_L=None
         if b.record_rows_L is None or shape.records is None
         else _cat(b.record_rows_L, zeros),
+        # pad targets are not read
+        record_stats_K2=None
+        if not shape.record_stats
+        else torch.cat([b.record_stats_K2, torch.full((extra, 2), float("nan"))]),
     )
 
 
