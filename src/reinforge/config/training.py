@@ -146,8 +146,10 @@ class TrainSection(Section):
     residual stream after every layer of every token (in host memory, copied beside the
     decode), and a checkpointed update skips its first forward through the layers (each
     layer's output is its record; the backward recomputes each layer from its input, as
-    checkpointing does). One forward less per micro-batch, on the weights that generated (one
-    update per rollout); logprobs and gradients equal the plain path's in float32 (tested) and
+    checkpointing does), and its LM head computes no logits in the forward (the engine's
+    sampler kept each sampled position's log-sum-exp and entropy at the rollout's temperature;
+    each target's own logit is all the head computes). One forward less per micro-batch, on the
+    weights that generated (one update per rollout); logprobs and gradients equal the plain path's in float32 (tested) and
     differ by the two kernels' bf16 rounding otherwise. "auto": on CUDA with the local paged
     engine, one process, a dense model and gradient checkpointing on (else there is no first
     forward to save); true also on a CPU; false: never. A rollout whose records pass 40% of the
