@@ -403,6 +403,27 @@ def test_triton_reductions_equal_the_reference_math(dtype):
     in_place = logits.clone()
     logprob_kernels.grad_logits(in_place, targets, lse, ent, g_lp, g_ent, t, out=in_place)
     assert torch.equal(in_place, grad)
+    # rows the loss does not read (both upstream gradients 0) get none, whatever their saved
+    # statistics hold (the engine's placeholders: an infinite log-sum-exp)
+    unread = g_lp.clone()
+    unread[:5] = 0.0
+    g_ent_unread = g_ent.clone()
+    g_ent_unread[:5] = 0.0
+    lse_inf = lse.clone()
+    lse_inf[:5] = float("inf")
+    grad_unread = logprob_kernels.grad_logits(
+        logits, targets, lse_inf, ent, unread, g_ent_unread, t
+    )
+    assert torch.equal(grad_unread[:5], torch.zeros_like(grad_unread[:5]))
+    assert torch.equal(grad_unread[5:], grad[5:])
+    # each row's own target logit: the head's product at that column, rounded alike
+    hid = torch.randn(rows, 96, device="cuda", generator=gen).to(dtype)
+    w = torch.randn(vocab, 96, device="cuda", generator=gen).to(dtype)
+    z = logprob_kernels.target_logits(hid, w, targets)
+    assert z.dtype == dtype
+    want = (hid.float() @ w.float().t()).to(dtype).gather(1, targets[:, None])[:, 0]
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(z, want, atol=10 * tol, rtol=tol)
 
     # the autograd function on CUDA (Triton path) against full float32 logits
     hidden = torch.randn(50, 64, device="cuda", generator=gen, dtype=dtype, requires_grad=True)

@@ -7,6 +7,10 @@
   temperature, col_offset=0)` -> dL/dlogits [C, V] in the logits' dtype: one read and one write
   per element, from the forward's logsumexp and entropy (no second reduction). The logits may be
   a vocabulary slice [col_offset, col_offset + V) of each row.
+- `target_logits(hidden_NH, weight_VH, targets_N)` -> each row's own target logit, h . W[target],
+  in the weights' dtype (float32 sums, one rounding: what the head's product gives at that
+  column), without the [N, V] logits or a [N, H] gather: what the LM head's forward needs when
+  the engine kept each row's log-sum-exp and entropy (`logprobs.chunked_logprobs`'s `stats_N2`).
 
 Why by hand: the same math through `torch.compile(dynamic=True)` took 2.1-2.6 ms per
 512 x 151,936 bf16 chunk on an H100 (session 14's G1 profile: 1.32 s of a 2.59 s update's device
@@ -109,6 +113,51 @@ def _grad_logits_kernel(
         # `ChunkedLogprobs` with the engine's) has no gradient, whatever they hold
         grad = tl.where((g_logp == 0.0) & (g_ent == 0.0), 0.0, grad)
         tl.store(out + cols, grad.to(grad_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _target_logits_kernel(
+    hidden_ptr,
+    stride_h,
+    weight_ptr,
+    stride_w,
+    targets_ptr,
+    out_ptr,
+    width,
+    BLOCK_H: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    target = tl.load(targets_ptr + row).to(tl.int64)
+    acc = tl.zeros([BLOCK_H], tl.float32)
+    for start in range(0, width, BLOCK_H):
+        cols = start + tl.arange(0, BLOCK_H)
+        inside = cols < width
+        h = tl.load(hidden_ptr + row * stride_h + cols, mask=inside, other=0.0).to(tl.float32)
+        w = tl.load(weight_ptr + target * stride_w + cols, mask=inside, other=0.0).to(tl.float32)
+        acc += h * w
+    tl.store(out_ptr + row, tl.sum(acc, 0).to(out_ptr.dtype.element_ty))
+
+
+def target_logits(
+    hidden_NH: torch.Tensor, weight_VH: torch.Tensor, targets_N: torch.Tensor
+) -> torch.Tensor:
+    """[N] in the weights' dtype: row n's logit at its target, hidden[n] . weight[targets[n]]."""
+    assert hidden_NH.stride(1) == 1 and weight_VH.stride(1) == 1
+    rows, width = hidden_NH.shape
+    out = torch.empty(rows, dtype=weight_VH.dtype, device=hidden_NH.device)
+    if rows:
+        _target_logits_kernel[(rows,)](
+            hidden_NH,
+            hidden_NH.stride(0),
+            weight_VH,
+            weight_VH.stride(0),
+            targets_N,
+            out,
+            width,
+            BLOCK_H=min(1024, triton.next_power_of_2(width)),
+            num_warps=4,
+        )
+    return out
 
 
 def row_stats(

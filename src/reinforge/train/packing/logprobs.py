@@ -183,8 +183,12 @@ def _from_stats(ctx, hidden_NH, weight_VH, targets_N, temperature, stats_N2):
     math = _math_dtype(weight_VH)
     lse_N = stats_N2[:, 0].to(math)
     known_N = torch.isfinite(lse_N)
-    target_WH = weight_VH.index_select(0, targets_N)
-    z_N = (hidden_NH.to(math) * target_WH.to(math)).sum(-1).to(weight_VH.dtype).to(math)
+    kernels = triton_kernels(hidden_NH.device, weight_VH.dtype)
+    if kernels is not None:
+        z_N = kernels.target_logits(hidden_NH, weight_VH, targets_N).to(math)
+    else:
+        target_WH = weight_VH.index_select(0, targets_N)
+        z_N = (hidden_NH.to(math) * target_WH.to(math)).sum(-1).to(weight_VH.dtype).to(math)
     logprobs_N = torch.where(known_N, z_N / temperature - lse_N, 0.0)
     entropy_N = torch.where(known_N, stats_N2[:, 1].to(math), 0.0)
     ctx.lse_N = torch.where(known_N, lse_N, float("inf"))
