@@ -14,6 +14,13 @@ pinned host rows (`HiddenStore.read_layer`: on CUDA a kernel reads host memory o
 next layer's read queued beside the current layer's compute), so the device holds no
 checkpoints at all: one layer's activations and two layers' records at a time.
 
+The LM head's forward goes too (`engine_stats`): the engine's sampler kept, beside each row it
+sampled a token from, the log-sum-exp and entropy of that distribution at the rollout's
+temperature. A target's logprob is then its own logit less the log-sum-exp, and the head's
+backward needs nothing else of the forward (it recomputes the logits slice by slice as before):
+no [tokens, vocab] product in the forward. Targets the loss does not read (an environment's
+tokens, never sampled) carry none and get no gradient.
+
 The numbers: logprobs and gradients are the trainer's own at the engine's hidden states, which
 differ from the trainer's forward by the two kernels' rounding (bf16); in float32 they match the
 plain path (`tests/train/test_records.py`). A micro-batch with a sequence whose records are
