@@ -195,7 +195,8 @@ def test_the_captured_update_from_records_has_the_plain_ones_gradient_on_cuda(
     """On the GPU (bf16, the paged engine's Triton forward and decode graphs recording, varlen
     attention, checkpointing, a kept update graph, compiled layers or not): two RL steps at
     learning rate 0 with `train.engine_records` on and off sample the same tokens, and the
-    update replayed from records has the plain update's gradients and metrics."""
+    update replayed from records (and the engine's LM-head statistics) has the plain update's
+    gradients and metrics."""
     from reinforge.train.loop.session import Policy, policy_engine
 
     from .test_step_graphs import cuda_policy
@@ -230,6 +231,8 @@ def test_the_captured_update_from_records_has_the_plain_ones_gradient_on_cuda(
     for (plain_grads, plain), (recorded_grads, recorded) in zip(*results):
         assert "records_micro_batches" not in plain
         assert recorded["records_micro_batches"] >= 2 and recorded.get("graph_replay", 0) >= 1
+        # the head's forward from the decode graphs' sampler statistics (at temperature 0.7)
+        assert recorded["records_head_micro_batches"] == recorded["records_micro_batches"]
         assert recorded["reward_mean"] == plain["reward_mean"]  # the same samples
         for a, b in zip(plain_grads, recorded_grads):
             torch.testing.assert_close(b.float(), a.float(), atol=1e-3, rtol=2e-2)
