@@ -123,18 +123,19 @@ def test_adapter_disabled_is_the_base_model():
 def test_packed_forward_runs_through_the_adapter_and_the_disabled_reference():
     """The RL path: policy logprobs include the adapter; the KL reference is the same model with
     the adapter disabled, equal to the base model's."""
-    from reinforge.train.packing import PackSequence, pack, packed_logprobs
+    from reinforge.train.packing import PackSequence, pack
+    from reinforge.train.packing.forward import packed_logprobs
 
     [batch] = pack([PackSequence([5, 17, 42], [99, 3]), PackSequence([250], [7, 8, 9])], 64)
-    base_K, _ = packed_logprobs(micro_model(), batch)
+    _, base_K, _ = packed_logprobs(micro_model(), batch)
     model, _ = apply_lora(micro_model(), rank=4, alpha=8)
     randomize_adapter(model)
-    policy_K, _ = packed_logprobs(model, batch)
+    _, policy_K, _ = packed_logprobs(model, batch)
     policy_K.sum().backward()
     assert all(p.grad is not None for n, p in model.named_parameters() if "lora_" in n)
     assert not torch.allclose(policy_K, base_K, atol=1e-3)
     with torch.no_grad(), adapter_disabled(model):
-        reference_K, _ = packed_logprobs(model, batch)
+        _, reference_K, _ = packed_logprobs(model, batch)
     torch.testing.assert_close(reference_K, base_K.detach(), atol=1e-6, rtol=1e-6)
 
 

@@ -11,13 +11,7 @@ import torch
 from reinforge.algorithms.losses import AGGREGATIONS, LossInputs, PPOClipSettings, ppo_clip_loss
 from reinforge.errors import ConfigError
 from reinforge.models.tiny import builtin_path
-from reinforge.train.packing import (
-    PackSequence,
-    batch_segments,
-    pack,
-    packed_logprobs,
-    unpack,
-)
+from reinforge.train.packing import PackSequence, pack, unpack
 from reinforge.train.packing.attention import (
     VARLEN,
     VARLEN_PADDED,
@@ -28,6 +22,7 @@ from reinforge.train.packing.attention import (
     segment_mask,
     select_packed_attention,
 )
+from reinforge.train.packing.forward import batch_segments, packed_logprobs
 from reinforge.train.packing.plan import plan_micro_batches, plan_shared_micro_batches
 from tests.padded_reference import pad_batch, token_logprobs
 
@@ -334,7 +329,7 @@ def test_packed_matches_padded_values_and_gradients(attention):
     assert len(batches) >= 2
     total = 0.0
     for batch in batches:
-        logprobs_K, entropy_K = packed_logprobs(packed, batch, TEMPERATURE, chunk_size=5)
+        _, logprobs_K, entropy_K = packed_logprobs(packed, batch, TEMPERATURE, chunk_size=5)
         for (i, lp), ent in zip(
             zip(batch.indices, unpack(logprobs_K, batch)), unpack(entropy_K, batch)
         ):
@@ -374,7 +369,7 @@ def test_shared_prompts_give_each_sequence_its_own_values_and_gradients(attentio
     assert all(b.key_index_J is not None for b in batches)
     total = 0.0
     for batch in batches:
-        logprobs_K, entropy_K = packed_logprobs(shared, batch, TEMPERATURE, chunk_size=5)
+        _, logprobs_K, entropy_K = packed_logprobs(shared, batch, TEMPERATURE, chunk_size=5)
         for i, lp, ent in zip(batch.indices, unpack(logprobs_K, batch), unpack(entropy_K, batch)):
             expected = completion_slice(logprobs_BT, seqs, i)
             torch.testing.assert_close(lp, expected, atol=1e-5, rtol=1e-5)
@@ -394,7 +389,7 @@ def test_without_the_mask_sequences_would_see_each_other():
     model = load_micro()
     [batch] = pack(seqs, max_tokens=100)
     with torch.no_grad():
-        isolated_K, _ = packed_logprobs(model, batch, TEMPERATURE)
+        _, isolated_K, _ = packed_logprobs(model, batch, TEMPERATURE)
         logits = model(
             batch.input_ids_L[None],
             attention_mask=torch.ones(1, batch.num_tokens, dtype=torch.long),
@@ -436,7 +431,7 @@ def test_gradient_accumulation_over_packed_micro_batches_equals_one_batch(aggreg
     assert len(batches) >= 3
     loss_sum = 0.0
     for batch in batches:
-        logprobs_K, _ = packed_logprobs(accumulated, batch, TEMPERATURE)
+        _, logprobs_K, _ = packed_logprobs(accumulated, batch, TEMPERATURE)
         loss, _ = ppo_clip_loss(
             LossInputs(
                 logprobs_BT=batch.rows(logprobs_K),
@@ -541,7 +536,7 @@ def test_varlen_kernel_matches_reference_on_cuda(shared):
         assert select_packed_attention(model, prefer) == (
             VARLEN if prefer == "auto" else VARLEN_REFERENCE
         )
-        logprobs_K, _ = packed_logprobs(model, batch)
+        _, logprobs_K, _ = packed_logprobs(model, batch)
         logprobs_K.sum().backward()
         results.append((logprobs_K.detach(), model.model.layers[0].self_attn.q_proj.weight.grad))
     torch.testing.assert_close(results[0][0], results[1][0], atol=2e-2, rtol=2e-2)
@@ -563,7 +558,7 @@ def test_gradient_checkpointing_keeps_values_and_gradients(attention, shared):
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
-        logprobs_K, _ = packed_logprobs(model, batch)
+        _, logprobs_K, _ = packed_logprobs(model, batch)
         logprobs_K.sum().backward()
         results.append((logprobs_K.detach(), [p.grad for p in model.parameters()]))
     torch.testing.assert_close(results[0][0], results[1][0])
@@ -615,7 +610,7 @@ def test_compiled_layers_take_the_varlen_kernel_without_a_graph_break(monkeypatc
         if implementation == VARLEN:
             for layer in model.get_decoder().layers:
                 layer.compile(fullgraph=True, dynamic=True, backend="eager")
-        logprobs_K, _ = packed_logprobs(model, batch)
+        _, logprobs_K, _ = packed_logprobs(model, batch)
         logprobs_K.sum().backward()
         results.append((logprobs_K.detach(), [p.grad for p in model.parameters()]))
     torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=1e-5)

@@ -19,8 +19,9 @@ from reinforge.engine.paged import PagedEngine
 from reinforge.models.loading import load_tokenizer
 from reinforge.models.tiny import builtin_path
 from reinforge.train.loop import rl
-from reinforge.train.packing import PackSequence, pack_one, packed_logprobs
+from reinforge.train.packing import PackSequence, pack_one
 from reinforge.train.packing.attention import select_packed_attention
+from reinforge.train.packing.forward import packed_logprobs
 from reinforge.train.packing.static import common_shape, pad_packed
 from reinforge.train.planner.memory import MemoryChoice
 from tests.train.test_packing import load_micro
@@ -67,7 +68,7 @@ def plain(batch):
 def run(model, batch):
     """Logprobs, entropies and every gradient of one weighted loss over the packed row."""
     model.zero_grad(set_to_none=True)
-    logprobs_K, entropy_K = packed_logprobs(model, batch)
+    _, logprobs_K, entropy_K = packed_logprobs(model, batch)
     weights = torch.linspace(-1.0, 2.0, logprobs_K.numel())
     ((logprobs_K * weights).sum() + 0.1 * entropy_K.sum()).backward()
     grads = [None if p.grad is None else p.grad.clone() for p in model.parameters()]

@@ -26,9 +26,9 @@ from .test_update import RecordingSGD
 def logprobs_and_grads(model, batch, real: int):
     """Logprobs of the targets, and the weights' gradient of a loss over the first `real` (a
     padded target has loss mask 0 in the trainer: it takes no part)."""
-    from reinforge.train.packing import packed_logprobs
+    from reinforge.train.packing.forward import packed_logprobs
 
-    logprobs_K, entropy_K = packed_logprobs(model, batch, 0.7)
+    _, logprobs_K, entropy_K = packed_logprobs(model, batch, 0.7)
     (logprobs_K[:real].sum() + 0.1 * entropy_K[:real].sum()).backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)

@@ -30,13 +30,13 @@ Contract
   prompt + completion, a prefix of them) follow their tokens into the row (`routes_TNK`; -1 on
   rows without one); a shared prompt takes its members' rows (equal when the engine prefilled it
   once). The forward hands them to the model's sparse blocks (`engine.moe.set_replay`).
-- `packed_logprobs(model, batch, temperature)` is the forward: final hidden states of the row,
-  then the chunked LM head of `train.packing.logprobs` on the K target positions. Tests check it against
-  full logits over right-padded rows (`tests/padded_reference.py`).
+- `forward.packed_logprobs(model, batch, temperature)` is the forward: final hidden states of
+  the row, then the chunked LM head of `train.packing.logprobs` on the K target positions. Tests
+  check it against full logits over right-padded rows (`tests/padded_reference.py`).
 
 Which sequences share a micro-batch is `train.packing.plan`'s (plain Python over lengths).
 Attention stays inside each segment's keys: `train.packing.attention` (the implementations, the
-kernels, the masks); `packed_attention_kwargs` hands a micro-batch's boundaries to them.
+kernels, the masks); `forward.packed_attention_kwargs` hands a micro-batch's boundaries to them.
 """
 
 from __future__ import annotations
@@ -48,20 +48,7 @@ from typing import Any
 
 import torch
 
-from reinforge.engine.moe import set_replay
-from reinforge.errors import ConfigError
-from reinforge.train.packing.attention import (
-    KEY_EXTRA_KWARG,
-    KEY_FIRST_KWARG,
-    KEY_INDEX_KWARG,
-    MASK_IMPLEMENTATIONS,
-    VARLEN_IMPLEMENTATIONS,
-    Segments,
-    key_references,
-    segment_mask,
-)
-from reinforge.train.packing.hidden import final_hidden_states, lm_head_weight
-from reinforge.train.packing.logprobs import DEFAULT_CHUNK_SIZE, chunked_logprobs
+from reinforge.train.packing.attention import key_references
 from reinforge.train.packing.plan import plan_shared_micro_batches
 from reinforge.train.packing.records import record_fields
 
@@ -326,87 +313,3 @@ def _common_keys(dicts: list[Mapping]) -> list[str]:
     names = sorted(dicts[0]) if dicts else []
     assert all(sorted(d) == names for d in dicts), "every sequence carries the same extras"
     return names
-
-
-# ---------------------------------------------------------------------------------------------
-# The forward of a packed micro-batch
-
-
-def packed_logprobs(
-    model, batch: PackedBatch, temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK_SIZE
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprob and entropy of each completion token, [K] float32 each, both with grad."""
-    hidden_LH = packed_hidden_states(model, batch)
-    hidden_KH = hidden_LH.index_select(0, batch.target_positions_K)
-    return chunked_logprobs(
-        hidden_KH,
-        lm_head_weight(model),
-        batch.targets_K,
-        temperature,
-        chunk_size,
-        stats_N2=batch.record_stats_K2,
-    )
-
-
-def packed_hidden_states(model, batch: PackedBatch) -> torch.Tensor:
-    """Final (normed) hidden states of the packed row, [L, H]; no logits are computed. The
-    batch's recorded routes, or none, are what the model's sparse blocks replay from now until
-    the next packed forward (the backward's recomputation included)."""
-    set_replay(model, batch.routes_TNK)
-    if batch.record_rows_L is not None:
-        from reinforge.train.packing.records import recorded_hidden_states
-
-        return recorded_hidden_states(model, batch, packed_attention_kwargs(model, batch))
-    hidden_1LH = final_hidden_states(
-        model,
-        batch.input_ids_L[None],
-        position_ids=batch.position_ids_L[None],
-        **packed_attention_kwargs(model, batch),
-    )
-    return hidden_1LH[0]
-
-
-def packed_attention_kwargs(model, batch: PackedBatch) -> dict:
-    """What keeps attention inside each segment, for the model's attention implementation."""
-    implementation = model.config._attn_implementation
-    length = batch.num_tokens
-    device = batch.input_ids_L.device
-    if implementation in VARLEN_IMPLEMENTATIONS:
-        shared = batch.key_index_J is not None
-        return {
-            # All ones: transformers sees no padding and builds no mask; the kernel gets the
-            # boundaries from cu_seq_lens.
-            "attention_mask": torch.ones(1, length, dtype=torch.long, device=device),
-            "cu_seq_lens_q": batch.cu_segments_G1,
-            "cu_seq_lens_k": batch.cu_keys_G1 if shared else batch.cu_segments_G1,
-            "max_length_q": batch.max_segment,
-            "max_length_k": batch.max_keys,
-            KEY_INDEX_KWARG: batch.key_index_J,
-            KEY_FIRST_KWARG: batch.key_first_L,
-            KEY_EXTRA_KWARG: batch.key_extra_E,
-        }
-    if implementation not in MASK_IMPLEMENTATIONS:
-        raise ConfigError(
-            f"the model's attention implementation {implementation!r} is not supported for packed "
-            f"training; load the model with attn_implementation='sdpa' (or call "
-            f"select_packed_attention(model) on CUDA)"
-        )
-    allowed_11LL = segment_mask(batch_segments(batch), length, device)[None, None]
-    if implementation == "sdpa":
-        return {"attention_mask": allowed_11LL}
-    dtype = next(model.parameters()).dtype
-    additive = torch.zeros(allowed_11LL.shape, dtype=dtype, device=device)
-    return {"attention_mask": additive.masked_fill_(~allowed_11LL, torch.finfo(dtype).min)}
-
-
-def batch_segments(batch: PackedBatch) -> Segments:
-    shared = batch.key_index_J is not None
-    return Segments(
-        cu_q_G1=batch.cu_segments_G1,
-        max_q=batch.max_segment,
-        cu_k_G1=batch.cu_keys_G1 if shared else batch.cu_segments_G1,
-        max_k=batch.max_keys,
-        key_index_J=batch.key_index_J,
-        key_first_L=batch.key_first_L,
-        key_extra_E=batch.key_extra_E,
-    )

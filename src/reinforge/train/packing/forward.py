@@ -23,15 +23,21 @@ from dataclasses import dataclass
 import torch
 
 from reinforge.distributed import max_over_ranks
+from reinforge.engine.moe import set_replay
+from reinforge.errors import ConfigError
 from reinforge.sharding import PACKED_FORWARD, in_lockstep
-from reinforge.train.packing import (
-    PackedBatch,
-    PackSequence,
-    pack_one,
-    packed_hidden_states,
+from reinforge.train.packing import PackedBatch, PackSequence, pack_one
+from reinforge.train.packing.attention import (
+    KEY_EXTRA_KWARG,
+    KEY_FIRST_KWARG,
+    KEY_INDEX_KWARG,
+    MASK_IMPLEMENTATIONS,
+    VARLEN_IMPLEMENTATIONS,
+    Segments,
+    segment_mask,
 )
-from reinforge.train.packing.hidden import lm_head_weight
-from reinforge.train.packing.logprobs import chunked_logprobs
+from reinforge.train.packing.hidden import final_hidden_states, lm_head_weight
+from reinforge.train.packing.logprobs import DEFAULT_CHUNK_SIZE, chunked_logprobs
 from reinforge.train.packing.plan import plan_shared_micro_batches
 
 
@@ -134,9 +140,11 @@ def packed_rows(model, batch: PackedBatch, temperature: float, with_hidden: bool
     )
 
 
-def packed_logprobs(model, batch: PackedBatch, temperature: float):
+def packed_logprobs(
+    model, batch: PackedBatch, temperature: float = 1.0, chunk_size: int = DEFAULT_CHUNK_SIZE
+):
     """(final hidden states at the target positions [K, H], logprob [K], entropy [K]) of the
-    packed row's targets."""
+    packed row's targets, float32 logprobs and entropies, all with grad."""
     hidden_LH = packed_hidden_states(model, batch)
     hidden_KH = hidden_LH.index_select(0, batch.target_positions_K)
     # one process or a replica: the head gradient goes straight into .grad (no [V, H] buffer
@@ -146,7 +154,72 @@ def packed_logprobs(model, batch: PackedBatch, temperature: float):
         lm_head_weight(model),
         batch.targets_K,
         temperature,
+        chunk_size,
         weight_grad_in_place=not in_lockstep(model),
         stats_N2=batch.record_stats_K2,  # the engine's: no logits in the forward
     )
     return hidden_KH, logprobs_K, entropy_K
+
+
+def packed_hidden_states(model, batch: PackedBatch) -> torch.Tensor:
+    """Final (normed) hidden states of the packed row, [L, H]; no logits are computed. The
+    batch's recorded routes, or none, are what the model's sparse blocks replay from now until
+    the next packed forward (the backward's recomputation included)."""
+    set_replay(model, batch.routes_TNK)
+    if batch.record_rows_L is not None:
+        from reinforge.train.packing.records import recorded_hidden_states
+
+        return recorded_hidden_states(model, batch, packed_attention_kwargs(model, batch))
+    hidden_1LH = final_hidden_states(
+        model,
+        batch.input_ids_L[None],
+        position_ids=batch.position_ids_L[None],
+        **packed_attention_kwargs(model, batch),
+    )
+    return hidden_1LH[0]
+
+
+def packed_attention_kwargs(model, batch: PackedBatch) -> dict:
+    """What keeps attention inside each segment, for the model's attention implementation."""
+    implementation = model.config._attn_implementation
+    length = batch.num_tokens
+    device = batch.input_ids_L.device
+    if implementation in VARLEN_IMPLEMENTATIONS:
+        shared = batch.key_index_J is not None
+        return {
+            # All ones: transformers sees no padding and builds no mask; the kernel gets the
+            # boundaries from cu_seq_lens.
+            "attention_mask": torch.ones(1, length, dtype=torch.long, device=device),
+            "cu_seq_lens_q": batch.cu_segments_G1,
+            "cu_seq_lens_k": batch.cu_keys_G1 if shared else batch.cu_segments_G1,
+            "max_length_q": batch.max_segment,
+            "max_length_k": batch.max_keys,
+            KEY_INDEX_KWARG: batch.key_index_J,
+            KEY_FIRST_KWARG: batch.key_first_L,
+            KEY_EXTRA_KWARG: batch.key_extra_E,
+        }
+    if implementation not in MASK_IMPLEMENTATIONS:
+        raise ConfigError(
+            f"the model's attention implementation {implementation!r} is not supported for packed "
+            f"training; load the model with attn_implementation='sdpa' (or call "
+            f"select_packed_attention(model) on CUDA)"
+        )
+    allowed_11LL = segment_mask(batch_segments(batch), length, device)[None, None]
+    if implementation == "sdpa":
+        return {"attention_mask": allowed_11LL}
+    dtype = next(model.parameters()).dtype
+    additive = torch.zeros(allowed_11LL.shape, dtype=dtype, device=device)
+    return {"attention_mask": additive.masked_fill_(~allowed_11LL, torch.finfo(dtype).min)}
+
+
+def batch_segments(batch: PackedBatch) -> Segments:
+    shared = batch.key_index_J is not None
+    return Segments(
+        cu_q_G1=batch.cu_segments_G1,
+        max_q=batch.max_segment,
+        cu_k_G1=batch.cu_keys_G1 if shared else batch.cu_segments_G1,
+        max_k=batch.max_keys,
+        key_index_J=batch.key_index_J,
+        key_first_L=batch.key_first_L,
+        key_extra_E=batch.key_extra_E,
+    )
