@@ -148,7 +148,8 @@ class TrainSection(Section):
     layer's output is its record; the backward recomputes each layer from its input, as
     checkpointing does), and its LM head computes no logits in the forward (the engine's
     sampler kept each sampled position's log-sum-exp and entropy at the rollout's temperature;
-    each target's own logit is all the head computes). One forward less per micro-batch, on the
+    each target's own logit is all the head computes; on a GPU the fused sampler's, so with
+    temperature > 0 and no top-p, top-k or min-p). One forward less per micro-batch, on the
     weights that generated (one update per rollout); logprobs and gradients equal the plain path's in float32 (tested) and
     differ by the two kernels' bf16 rounding otherwise. "auto": on CUDA with the local paged
     engine, one process, a dense model and gradient checkpointing on (else there is no first

@@ -50,8 +50,11 @@ class StepSampling:
         """(ids, logprobs, stats) on the device: one token per sequence of the batch; every
         member of a group samples from its leader's logits. The noise of each draw is keyed by
         the sequence's `sample_seed` and position, never by the batch it runs in. `stats`: also
-        each group's log-sum-exp and entropy of the distribution it samples from, [groups, 2]
-        (`sampling.row_stats`; the fused sampler's own in a decode), else None."""
+        each group's log-sum-exp and entropy of the distribution it samples from, [groups, 2]:
+        the fused sampler's own in a decode (one more sum in its pass), `sampling.row_stats` in
+        a prefill (a group's one row) and on a CPU; None for a GPU decode by another sampler
+        (top-p / top-k / min-p, greedy), where a pass of its own over the step's logits would
+        cost the decode more than the update saves (the update's head then computes them)."""
         leaders_GV = logits_GV
         if batch.is_prefill:  # (a decode's groups are one sequence each)
             sizes = [len(group) for group in batch.groups]
@@ -90,7 +93,7 @@ class StepSampling:
                 params.min_p,
                 uniforms,
             )
-        if stats and stats_G2 is None:
+        if stats and stats_G2 is None and (batch.is_prefill or not leaders_GV.is_cuda):
             stats_G2 = row_stats(leaders_GV, params.temperature)
         return ids, lps, stats_G2
 
