@@ -46,6 +46,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import numpy as np
 import torch
 
 from reinforge.train.packing.attention import key_references
@@ -255,20 +256,20 @@ def pack_one(
     key_index_J = cu_keys_G1 = key_first_L = key_extra_E = None
     max_keys = max_segment
     if shared:
-        key_index_J = torch.tensor([k for ranges in keys for r in ranges for k in r])
+        key_index_J = _longs([k for ranges in keys for r in ranges for k in r])
         sizes = [sum(len(r) for r in ranges) for ranges in keys]
         cu_keys_G1 = torch.tensor([0, *itertools.accumulate(sizes)], dtype=torch.int32)
         max_keys = int(cu_keys_G1.diff().max())
         key_first_L, key_extra_E = key_references(key_index_J, len(ids))
     return PackedBatch(
-        input_ids_L=torch.tensor(ids, dtype=torch.long),
-        position_ids_L=torch.tensor(positions, dtype=torch.long),
+        input_ids_L=_longs(ids),
+        position_ids_L=_longs(positions),
         cu_segments_G1=cu_G1,
         max_segment=max_segment,
-        target_positions_K=torch.tensor(target_positions, dtype=torch.long),
-        targets_K=torch.tensor([t for s in chosen for t in s.completion_ids], dtype=torch.long),
-        mask_K=torch.tensor(mask, dtype=torch.float32),
-        values_K={k: torch.tensor(v, dtype=torch.float32) for k, v in values.items()},
+        target_positions_K=_longs(target_positions),
+        targets_K=_longs([t for s in chosen for t in s.completion_ids]),
+        mask_K=_floats(mask),
+        values_K={k: _floats(v) for k, v in values.items()},
         seq_values_S={
             k: torch.tensor([s.seq_values[k] for s in chosen], dtype=torch.float32)
             for k in seq_names
@@ -285,6 +286,17 @@ def pack_one(
         routes_TNK=packed_routes(chosen, rows_of, len(ids)),
         **record_fields(chosen, rows_of, len(ids), target_positions, mask),
     )
+
+
+def _longs(values: list[int]) -> torch.Tensor:
+    """An int64 tensor of a Python list, through numpy: a third of `torch.tensor`'s time on a
+    micro-batch's ~17k ids (1.0 -> 0.28 ms each on a 2-core CPU; the first micro-batch's packing
+    is on the update's critical path)."""
+    return torch.from_numpy(np.array(values, dtype=np.int64))
+
+
+def _floats(values: list[float]) -> torch.Tensor:
+    return torch.from_numpy(np.array(values, dtype=np.float32))
 
 
 def packed_routes(
