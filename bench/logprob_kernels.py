@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from reinforge.train.packing import logprob_kernels
-from reinforge.train.packing.logprobs import chunk_grad_logits, chunk_stats
+from reinforge.train.packing.logprob_math import chunk_grad_logits, chunk_stats
 
 
 def timed(fn, *args, repeats: int = 20) -> float:

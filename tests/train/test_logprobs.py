@@ -130,7 +130,7 @@ def test_padded_drop_in_matches_token_logprobs():
 def test_fused_chunk_math_equals_the_in_place_path():
     """`chunk_stats` / `chunk_grad_logits` (compiled on CUDA) compute what the in-place CPU
     helpers do, from raw logits, at a temperature, with targets anywhere in the vocabulary."""
-    from reinforge.train.packing.logprobs import (
+    from reinforge.train.packing.logprob_math import (
         _chunk_grad_logits,
         chunk_grad_logits,
         chunk_stats,
@@ -300,7 +300,7 @@ def check_grad_logits_on_vocabulary_slices(device: str, dtype=torch.float32) -> 
     `chunk_grad_logits` on the full logits in float64; targets in the first, a middle and the
     last (partial) slice. Run on CUDA by the GPU test, on the CPU in Triton's interpreter."""
     from reinforge.train.packing import logprob_kernels
-    from reinforge.train.packing.logprobs import chunk_grad_logits
+    from reinforge.train.packing.logprob_math import chunk_grad_logits
 
     if device == "cpu":  # Triton's interpreter (TRITON_INTERPRET=1, set before triton loads)
         _patch_triton_interpreter()
@@ -379,7 +379,7 @@ def test_triton_reductions_equal_the_reference_math(dtype):
     temperature, with targets at both ends; the in-place gradient equals the out-of-place one;
     and a whole chunked forward and backward (the trainer's path) equals full logits."""
     from reinforge.train.packing import logprob_kernels
-    from reinforge.train.packing.logprobs import chunk_grad_logits, chunk_stats
+    from reinforge.train.packing.logprob_math import chunk_grad_logits, chunk_stats
 
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows, vocab, t = 37, 10_000, 0.7

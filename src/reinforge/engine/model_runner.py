@@ -13,7 +13,7 @@ returns a `LaunchedStep` to wait on, so the engine can queue the next decode fir
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -30,9 +30,9 @@ from reinforge.engine.pool_size import kv_bytes_per_block
 from reinforge.engine.qwen_forward import TORCH_OPS, ForwardOps, ModelShape, forward, rope_table
 from reinforge.engine.records import HiddenStore
 from reinforge.engine.scheduler import Batch
-from reinforge.engine.sequence import Sequence, num_blocks_for
+from reinforge.engine.sequence import num_blocks_for
 from reinforge.engine.shared_mempool import MempoolPrefills, pool_block
-from reinforge.engine.step_sampling import StepSampling, uses_fused_sampler
+from reinforge.engine.step_sampling import LaunchedStep, StepSampling, uses_fused_sampler
 
 if TYPE_CHECKING:
     from reinforge.engine.cuda_graphs import DecodeGraphs
@@ -46,31 +46,6 @@ def select_ops(device: torch.device) -> ForwardOps:
     except ImportError:
         return TORCH_OPS
     return ForwardOps(add_rms_norm=triton_ops.add_rms_norm, silu_mul=triton_ops.silu_mul)
-
-
-@dataclass
-class LaunchedStep:
-    """A step queued on the device; `result` waits for it and reads its tokens back."""
-
-    batch: Batch
-    ids: torch.Tensor  # on the device: the next step's input tokens
-    host_ids: torch.Tensor
-    host_logprobs: torch.Tensor
-    event: torch.cuda.Event | None
-    entropies: torch.Tensor | None = None  # per sequence, on the device, when asked for
-    # routing replay: each computed token's experts [T, sparse layers, k] (on the host once the
-    # step is done) and which positions of which sequences its rows are
-    routes: torch.Tensor | None = None
-    route_spans: list[tuple[list[Sequence], int, int]] | None = None
-
-    def result(self) -> tuple[list[int], list[float]]:
-        if self.event is not None:
-            self.event.synchronize()
-        return self.host_ids.tolist(), self.host_logprobs.tolist()
-
-    def entropy_values(self) -> list[float] | None:
-        """After `result`: the step's entropies (a small copy, the step already done)."""
-        return None if self.entropies is None else self.entropies.tolist()
 
 
 class ModelRunner(StepSampling):

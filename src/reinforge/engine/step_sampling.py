@@ -2,7 +2,8 @@
 
 One token per sequence from a step's logits: on CUDA with Triton and no top-p / top-k / min-p,
 the fused inverse-CDF sampler on the device (inside a decode graph where one replayed the step:
-`cuda_graphs.DecodeGraphs`), else the keyed torch sampler (`sampling.sample_keyed`). Every draw
+`cuda_graphs.DecodeGraphs`), else the keyed torch sampler (`sampling.sample_keyed`). A launched
+step's results come back through `LaunchedStep`. Every draw
 is keyed by the sequence's seed and position, never by the batch it runs in. The ids and
 logprobs go to the host in two pinned buffers used in turn, so a step launched ahead never
 overwrites the one being read.
@@ -10,12 +11,40 @@ overwrites the one being read.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from reinforge.engine import eager_inputs
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.sampling import row_stats, row_uniform, sample_keyed
 from reinforge.engine.scheduler import Batch
+from reinforge.engine.sequence import Sequence
+
+
+@dataclass
+class LaunchedStep:
+    """A step queued on the device; `result` waits for it and reads its tokens back."""
+
+    batch: Batch
+    ids: torch.Tensor  # on the device: the next step's input tokens
+    host_ids: torch.Tensor
+    host_logprobs: torch.Tensor
+    event: torch.cuda.Event | None
+    entropies: torch.Tensor | None = None  # per sequence, on the device, when asked for
+    # routing replay: each computed token's experts [T, sparse layers, k] (on the host once the
+    # step is done) and which positions of which sequences its rows are
+    routes: torch.Tensor | None = None
+    route_spans: list[tuple[list[Sequence], int, int]] | None = None
+
+    def result(self) -> tuple[list[int], list[float]]:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host_ids.tolist(), self.host_logprobs.tolist()
+
+    def entropy_values(self) -> list[float] | None:
+        """After `result`: the step's entropies (a small copy, the step already done)."""
+        return None if self.entropies is None else self.entropies.tolist()
 
 
 def uses_fused_sampler(params: SamplingParams) -> bool:

@@ -16,7 +16,7 @@ Why by hand: the same math through `torch.compile(dynamic=True)` took 2.1-2.6 ms
 512 x 151,936 bf16 chunk on an H100 (session 14's G1 profile: 1.32 s of a 2.59 s update's device
 time), about 40 passes' worth of memory time; these kernels make one (forward) and two
 (backward) passes over the logits. Math in float32 whatever the logits' dtype; the
-reference expressions are `logprobs.chunk_stats` / `logprobs.chunk_grad_logits`
+reference expressions are `logprob_math.chunk_stats` / `logprob_math.chunk_grad_logits`
 (`tests/train/test_logprobs.py::test_triton_reductions_equal_the_reference_math`, GPU).
 """
 
