@@ -47,6 +47,40 @@ def device_intervals(prof) -> list[tuple[int, int, str]]:
 
 
 WINDOWS: dict[str, tuple[int, int]] = {}  # label -> (start ns, end ns), the host's clock
+SPANS: dict[str, list[tuple[int, int]]] = defaultdict(list)  # label -> every call's (start, end)
+TRACING = {"on": False}
+
+# host functions whose every call is timed in the measured step, to charge the device's idle
+# gaps to the host work they overlap (nested ones overlap their callers: each is charged alone)
+TRACED = [
+    "reinforge.engine.model_runner:ModelRunner.restore",
+    "reinforge.engine.model_runner:ModelRunner.begin_generate",
+    "reinforge.engine.model_runner:ModelRunner.launch",
+    "reinforge.engine.paged:PagedEngine._grow_pool",
+    "reinforge.engine.paged:PagedEngine._launch_ahead",
+    "reinforge.engine.paged:PagedEngine._launch_next",
+    "reinforge.engine.paged:PagedEngine._commit",
+    "reinforge.engine.paged:PagedEngine._completions",
+    "reinforge.engine.paged:PagedEngine._record_stats",
+    "reinforge.engine.cuda_graphs:DecodeGraphs.run",
+    "reinforge.engine.cuda_graphs:DecodeGraphs._update_tables",
+    "reinforge.engine.scheduler:Scheduler.schedule",
+    "reinforge.engine.scheduler:Scheduler.schedule_next_decode",
+    "reinforge.engine.scheduler:Scheduler.launched",
+    "reinforge.engine.scheduler:Scheduler.commit",
+    "reinforge.engine.records:HiddenStore.write",
+    "reinforge.engine.records:HiddenStore.flush",
+    "reinforge.engine.records:HiddenStore.wait",
+    "reinforge.train.loop.rl:begin_rollout",
+    "reinforge.train.loop.update:records_ready",
+    "reinforge.rollout.trajectories:run_episodes",
+    "reinforge.rollout.episodes:_open",
+    "reinforge.rollout.episodes:_generate_first_turn",
+    "reinforge.rollout.trajectories:to_trajectory",
+    "reinforge.train.loop.update:pack_micro_batch",
+    "reinforge.train.loop.update:micro_compute",
+    "reinforge.train.loop.update:optimizer_step",
+]
 
 
 def marked(fn, label: str):
@@ -61,6 +95,73 @@ def marked(fn, label: str):
             WINDOWS[label] = (first, time.time_ns())
 
     return wrapper
+
+
+def traced(fn, label: str):
+    """`fn`, each call's span kept in SPANS while a step is measured."""
+
+    def wrapper(*args, **kwargs):
+        if not TRACING["on"]:
+            return fn(*args, **kwargs)
+        start = time.time_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            SPANS[label].append((start, time.time_ns()))
+
+    return wrapper
+
+
+def trace_all(names: list[str]) -> None:
+    """Wraps each `module:Qualified.name` of `names` with `traced` (a missing one is said)."""
+    import importlib
+
+    for name in names:
+        module_name, _, qual = name.partition(":")
+        owner = importlib.import_module(module_name)
+        *path, attr = qual.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        fn = getattr(owner, attr, None)
+        if fn is None:
+            print(f"timeline: {name} not found, not traced", flush=True)
+            continue
+        setattr(owner, attr, traced(fn, qual))
+
+
+def idle_under_spans(gaps: list[tuple[int, int]]) -> list[str]:
+    """Per traced function: calls, host ms inside it, and the device's idle ms (gaps >= the
+    minimum) that fall inside its calls."""
+    lines = ["\nhost functions: calls | host ms | device idle ms inside | name"]
+    rows = []
+    for label, spans in SPANS.items():
+        host = sum(b - a for a, b in spans)
+        idle, k = 0, 0
+        for a, b in spans:  # spans and gaps are sorted by start
+            while k < len(gaps) and gaps[k][1] <= a:
+                k += 1
+            j = k
+            while j < len(gaps) and gaps[j][0] < b:
+                idle += max(0, min(b, gaps[j][1]) - max(a, gaps[j][0]))
+                j += 1
+        rows.append((idle, host, len(spans), label))
+    for idle, host, calls, label in sorted(rows, reverse=True):
+        lines.append(f"  {calls:6d} | {host / 1e6:8.2f} | {idle / 1e6:8.2f} | {label}")
+    return lines
+
+
+def idle_gaps(intervals, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The device's idle (start, end) ns inside [lo, hi], gaps >= MIN_GAP_US only."""
+    out, end = [], lo
+    for start, stop, _ in intervals:
+        if stop <= lo or start >= hi:
+            continue
+        if start - end >= MIN_GAP_US * 1e3:
+            out.append((end, start))
+        end = max(end, stop)
+    if hi - end >= MIN_GAP_US * 1e3:
+        out.append((end, hi))
+    return out
 
 
 def busy_and_gaps(intervals, lo: int, hi: int):
@@ -117,6 +218,8 @@ def report(prof, wall: float, out_file: str) -> None:
                 f"  {sum(values) / 1e6:7.2f} | {len(values):4d} | {max(values) / 1e3:6.0f} |"
                 f" {before} -> {after}"
             )
+    if "whole step" in windows:
+        lines += idle_under_spans(idle_gaps(intervals, *windows["whole step"]))
     text = "\n".join(lines)
     print(text, flush=True)
     with open(out_file, "w") as f:
@@ -128,11 +231,14 @@ def measured(out_file: str):
         torch.cuda.synchronize()
         start = time.perf_counter()
         WINDOWS.clear()
+        SPANS.clear()
+        TRACING["on"] = True
         # device activity only: tracing every host operator would slow the host and widen the
         # very gaps measured here
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             result = marked(step_fn, "whole step")(*args, **kwargs)
             torch.cuda.synchronize()
+        TRACING["on"] = False
         report(prof, time.perf_counter() - start, out_file)
         return result
 
@@ -169,6 +275,7 @@ if __name__ == "__main__":
     if host:
         rl.rl_step = at_step(rl.rl_step, step, host_profiled(out_file))
         sys.exit(main(argv))
+    trace_all(TRACED)
     rl.update_policy = marked(rl.update_policy, "update")
     rl.build_step_batch = marked(rl.build_step_batch, "step batch")
     sources.LocalRollouts.sample = marked(sources.LocalRollouts.sample, "rollout")
