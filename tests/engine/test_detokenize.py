@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from reinforge.engine.detokenize import batch_decodes_alike, decode_many
+from reinforge.engine.detokenize import TextsAhead, batch_decodes_alike, decode_many, is_byte_level
 from reinforge.models.shapes import build_word_tokenizer
 from reinforge.models.tiny import build_tokenizer
 
@@ -82,3 +82,93 @@ def test_a_forked_child_decodes_too():
     with context.Pool(1) as pool:
         got = pool.apply_async(decode_many, (tokenizer, ids)).get(timeout=60)
     assert got == want
+
+
+class Growing:
+    """A sequence as the decode loop leaves it: committed ids, maybe one pending, finished."""
+
+    def __init__(self, ids: list[int], length: int):
+        self.all, self.length = ids, length
+        self.output_ids: list[int] = []
+        self.num_pending = 0
+        self.is_finished = False
+
+    def step(self, t: int) -> None:
+        """After step t's commit: t ids committed, step t+1's id pending (until the end)."""
+        self.output_ids = list(self.all[: min(t, self.length)])
+        self.is_finished = t >= self.length
+        self.num_pending = 0 if self.is_finished else 1
+        if not self.is_finished:
+            self.output_ids.append(-1)  # PENDING: never decoded
+
+
+def text_ids(tokenizer, rng: random.Random, length: int) -> list[int]:
+    """Ids of mixed text (multi-byte characters cut across the one-byte tokens), raw bytes that
+    are no UTF-8 and special tokens."""
+    words = ["héllo", "日本語", " 🎉", "ok", "\n", "Ωmega", " ", "x"]
+    ids: list[int] = []
+    while len(ids) < length:
+        r = rng.random()
+        if r < 0.7:
+            ids += tokenizer.encode(rng.choice(words), add_special_tokens=False)
+        elif r < 0.9:
+            ids.append(rng.randrange(len(tokenizer)))
+        else:
+            ids.append(rng.choice(tokenizer.all_special_ids))
+    return ids[:length]
+
+
+@pytest.mark.parametrize("build", [build_tokenizer, lambda: build_word_tokenizer(500)])
+@pytest.mark.parametrize("chunk", [1, 3, 16])
+def test_texts_decoded_during_the_loop_equal_decode(build, chunk):
+    """Sequences of different lengths grow step by step; `advance` runs after every step; the
+    texts equal `decode` of the whole ids, cut characters, bad bytes and special tokens alike."""
+    tokenizer = build()
+    rng = random.Random(chunk)
+    seqs = []
+    for _ in range(24):
+        length = rng.randrange(0, 90)
+        ids = (
+            text_ids(tokenizer, rng, length)
+            if is_byte_level(tokenizer)
+            else [rng.randrange(len(tokenizer)) for _ in range(length)]
+        )
+        seqs.append(Growing(ids, length))
+    ahead = TextsAhead(tokenizer, seqs, per_call=5, chunk=chunk)
+    assert ahead.partial == is_byte_level(tokenizer)
+    for t in range(1, 91):
+        for seq in seqs:
+            seq.step(t)
+        ahead.advance()
+    want = [tokenizer.decode(seq.all, skip_special_tokens=True) for seq in seqs]
+    assert ahead.texts() == want
+    assert any("\ufffd" in w for w in want) == is_byte_level(tokenizer)  # cut bytes were there
+    total = sum(seq.length for seq in seqs)
+    assert ahead.num_decoded > total // 2  # most were decoded before the end
+
+
+def test_byte_level_parts_are_kept_only_on_a_characters_end():
+    """A part whose text would end inside a character (U+FFFD) waits for its next ids."""
+    tokenizer = build_tokenizer()
+    ids = tokenizer.encode("a日本", add_special_tokens=False)  # 1 + 3 + 3 one-byte tokens
+    seq = Growing(ids, len(ids))
+    ahead = TextsAhead(tokenizer, [seq], per_call=1, chunk=1)
+    seq.step(3)  # "a" and two bytes of 日
+    ahead.advance()
+    assert ahead.done == [0] and ahead.parts == [[]]
+    seq.step(4)  # 日 whole
+    ahead.advance()
+    assert ahead.done == [4] and ahead.parts == [["a日"]]
+    seq.step(len(ids))
+    assert ahead.texts() == ["a日本"]
+
+
+def test_texts_ahead_does_nothing_where_decode_is_the_tokenizers_own():
+    tokenizer = build_word_tokenizer(500)
+    tokenizer.clean_up_tokenization_spaces = True  # `decode` is no longer the backend's alone
+    seqs = [Growing([5, 6, 7], 3)]
+    ahead = TextsAhead(tokenizer, seqs)
+    seqs[0].step(3)
+    ahead.advance()
+    assert not ahead.enabled and ahead.num_decoded == 0
+    assert ahead.texts() == [tokenizer.decode([5, 6, 7], skip_special_tokens=True)]

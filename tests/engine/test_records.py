@@ -206,3 +206,54 @@ def test_staged_steps_reach_their_rows_across_halves_and_chunks(monkeypatch):
         row = torch.tensor([int(seq.hidden.rows_P[position])])
         got = torch.stack([store.read_layer(row, k)[0] for k in range(2)])
         torch.testing.assert_close(got, value, atol=0, rtol=0)
+
+
+def test_a_decode_steps_rows_go_to_each_sequences_positions():
+    """The store's decode path (one indexed assignment into its positions table): sequences
+    joining and leaving between steps, positions past the table's width, a session's fork, and
+    rows made stale by a reset, against a plain dict of what each step wrote."""
+    from types import SimpleNamespace
+
+    from reinforge.engine.records import HiddenStore
+
+    store = HiddenStore(2, 4, torch.float32, "cpu", max_bytes=1 << 24)
+    records = torch.zeros((0, 2, 4))
+
+    def seq(prompt: int, max_new: int):
+        params = SimpleNamespace(max_new_tokens=max_new)
+        return SimpleNamespace(
+            hidden=None, num_cached_tokens=prompt, num_prompt_tokens=prompt, params=params
+        )
+
+    seqs = [seq(3, 4), seq(5, 2), seq(1, 40)]
+    want: dict[int, dict[int, int]] = {id(s): {} for s in seqs}
+    rng = np.random.default_rng(0)
+    for step in range(30):
+        batch = [s for s in seqs if rng.random() < 0.8] or seqs[:1]
+        base = store.num_rows
+        store.write(records.new_zeros((len(batch), 2, 4)), [[s] for s in batch])
+        for i, s in enumerate(batch):
+            want[id(s)][s.num_cached_tokens] = base + i
+            s.num_cached_tokens += 1  # past 3 + 4 and 5 + 2 positions: the table widens
+        if step == 10:
+            child = seq(0, 4)
+            child.hidden = batch[0].hidden.fork(batch[0].num_cached_tokens)
+            child.num_cached_tokens = batch[0].num_cached_tokens
+            want[id(child)] = dict(want[id(batch[0])])
+            seqs.append(child)
+    for s in seqs:
+        got = {p: int(r) for p, r in enumerate(s.hidden.rows_P[: s.hidden.length]) if r >= 0}
+        assert got == want[id(s)]
+        assert s.hidden.length == max(want[id(s)]) + 1
+    done = seqs[0].hidden.completed(list(range(seqs[0].num_cached_tokens + 1)))
+    store.reset()  # a new generation takes the table: old live rows read as empty
+    assert not seqs[0].hidden.valid and seqs[0].hidden.length == 0
+    fresh = seq(2, 3)
+    store.write(records.new_zeros((1, 2, 4)), [[fresh]])
+    assert fresh.hidden.rows_P[2] == store.num_rows - 1
+    assert done.slot is None and done.length == seqs[0].num_cached_tokens  # its own copy
+    assert {p: int(r) for p, r in enumerate(done.rows_P[: done.length]) if r >= 0} == want[
+        id(seqs[0])
+    ]
+    stale_copy = seqs[0].hidden.completed([1, 2, 3])
+    assert not stale_copy.valid and (stale_copy.rows_P[: stale_copy.length] < 0).all()

@@ -19,7 +19,7 @@ import torch
 from reinforge.engine import moe
 from reinforge.engine.base import GenerationStats, SamplingParams
 from reinforge.engine.block_manager import BlockManager, pages_to_run_at_once
-from reinforge.engine.detokenize import decode_many
+from reinforge.engine.detokenize import TextsAhead, decode_many
 from reinforge.engine.lora_merge import merged_bytes, resolve_mode
 from reinforge.engine.model_runner import LaunchedStep, ModelRunner
 from reinforge.engine.pool_size import (
@@ -72,8 +72,14 @@ class PagedEngine:
         # over the engine's life, seconds spent taking the KV pool back after a release and
         # capturing decode graphs (the trainer logs each step's share: `gen_restore_s`, ...)
         # running totals of generation's time (a step reads the difference): all of `generate`,
-        # and its fixed costs (restoring the KV pool, capturing decode graphs)
-        self.totals = {"gen_engine_s": 0.0, "gen_restore_s": 0.0, "gen_graph_capture_s": 0.0}
+        # and its fixed costs (restoring the KV pool, capturing decode graphs); and the ids
+        # whose texts were decoded during the decode loop (`TextsAhead`)
+        self.totals = {
+            "gen_engine_s": 0.0,
+            "gen_restore_s": 0.0,
+            "gen_graph_capture_s": 0.0,
+            "gen_texts_ahead_ids": 0.0,
+        }
         self.fallback: SimpleEngine | None = None
         self.lora_generation = "adapters"  # "merged" or "adapters", resolved below
         reason = unsupported_reason(model)
@@ -157,9 +163,12 @@ class PagedEngine:
         capture_before = self.runner.graph_capture_seconds
         finish_reason = self._finish_rule(params)
         timers = StepTimers()
+        texts = TextsAhead(self.tokenizer, [seq for group in groups for seq in group])
         inflight: LaunchedStep | None = None
         while True:
             ahead = self._launch_ahead(scheduler, inflight, params, timers)
+            if ahead is not None:  # two steps queued: the host has time before the first ends
+                texts.advance()
             if inflight is not None:
                 self._commit(scheduler, inflight, finish_reason, timers)
                 beat()  # a decode step is progress for the hang watchdog
@@ -169,7 +178,8 @@ class PagedEngine:
         timers.capture = self.runner.graph_capture_seconds - capture_before
         self.totals["gen_graph_capture_s"] += timers.capture
         self._record_stats(groups, scheduler, start, timers)
-        completions = self._completions(groups)
+        completions = self._completions(groups, texts)
+        self.totals["gen_texts_ahead_ids"] += texts.num_decoded
         self.totals["gen_engine_s"] += time.perf_counter() - start
         return completions
 
@@ -268,15 +278,16 @@ class PagedEngine:
         tail = self.tokenizer.decode(seq.output_ids[-32:], skip_special_tokens=False)
         return any(s in tail for s in stops)
 
-    def _completions(self, groups: list[list[Sequence]]) -> list[list[Completion]]:
-        """The finished groups' completions, their texts decoded in one call (`decode_many`)."""
-        texts = iter(
-            decode_many(
-                self.tokenizer,
-                [seq.output_ids for group in groups for seq in group],
-                skip_special_tokens=True,
-            )
-        )
+    def _completions(
+        self, groups: list[list[Sequence]], ahead: TextsAhead | None = None
+    ) -> list[list[Completion]]:
+        """The finished groups' completions, their texts decoded in one call (`decode_many`);
+        `ahead`: the texts decoded during the loop (`TextsAhead`), its sequences `groups`'."""
+        if ahead is not None:
+            texts = iter(ahead.texts())
+        else:
+            seqs = [seq.output_ids for group in groups for seq in group]
+            texts = iter(decode_many(self.tokenizer, seqs, skip_special_tokens=True))
         return [[self._completion(seq, next(texts)) for seq in group] for group in groups]
 
     def _completion(self, seq: Sequence, text: str | None = None) -> Completion:

@@ -189,7 +189,13 @@ def engine_totals(policy) -> dict[str, float]:
 
 # How a step's per-rank metrics combine in a distributed run (the rest: mean over ranks; the
 # loss terms arrive already reduced, `update.update_policy`).
-SUMMED_OVER_RANKS = {"tokens_per_s", "reward_errors", "reward_nonfinite", "faults_injected"}
+SUMMED_OVER_RANKS = {
+    "tokens_per_s",
+    "reward_errors",
+    "reward_nonfinite",
+    "faults_injected",
+    "gen_texts_ahead_ids",
+}
 MAXED_OVER_RANKS = {
     "generate_s",
     "train_s",
