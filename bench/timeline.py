@@ -5,10 +5,12 @@ gaps by what ran before and after them (a bench tool; the trainer carries no pro
 
     python bench/timeline.py STEP OUT_FILE train CONFIG [k=v ...]
     python bench/timeline.py --cprofile STEP OUT_FILE train CONFIG [k=v ...]
+    python bench/timeline.py --lines STEP OUT_FILE train CONFIG [k=v ...]
 
 With --cprofile: the step's host work instead, under cProfile (functions by cumulative and by own
 time) and torch's sync debug mode (the calls that wait for the device, by stack), to find what
-the host does in the gaps; cProfile slows the host, so not both at once.
+the host does in the gaps; cProfile slows the host, so not both at once. With --lines: the
+decode loop's torch-calling functions line by line (line_profiler, a bench wheel), host us per line.
 
 A gap of the device between two kernels is host work the queue did not cover: a
 synchronization, a launch slower than the kernels it queues, or work on the host alone (reward,
@@ -268,12 +270,62 @@ def host_profiled(out_file: str):
     return run
 
 
+# the per-step host work of the decode loop that calls torch (line by line: `--lines`); loops over
+# every sequence (the scheduler's) are left out, the profiler's cost per line would swamp them
+LINE_PROFILED = [
+    "reinforge.engine.paged:PagedEngine._launch_ahead",
+    "reinforge.engine.paged:PagedEngine._commit",
+    "reinforge.engine.model_runner:ModelRunner.launch",
+    "reinforge.engine.cuda_graphs:DecodeGraphs.run",
+    "reinforge.engine.cuda_graphs:DecodeGraphs._update_tables",
+    "reinforge.engine.step_sampling:StepSampling._fetch",
+    "reinforge.engine.step_sampling:LaunchedStep.result",
+    "reinforge.engine.records:HiddenStore.write",
+    "reinforge.engine.records:HiddenStore._write_decode",
+    "reinforge.engine.records:HiddenStore._stage",
+    "reinforge.engine.records:HiddenStore.flush",
+    "reinforge.engine.records:HiddenStore._to_host",
+]
+
+
+def lines_profiled(out_file: str):
+    """The step under line_profiler (`LINE_PROFILED`): host microseconds per line."""
+    import importlib
+    import io
+
+    from line_profiler import LineProfiler
+
+    profiler = LineProfiler()
+    for name in LINE_PROFILED:
+        module_name, _, qual = name.partition(":")
+        owner = importlib.import_module(module_name)
+        for part in qual.split("."):
+            owner = getattr(owner, part)
+        profiler.add_function(getattr(owner, "__wrapped__", owner))
+
+    def run(step_fn, args, kwargs):
+        profiler.enable_by_count()
+        try:
+            return step_fn(*args, **kwargs)
+        finally:
+            profiler.disable_by_count()
+            text = io.StringIO()
+            profiler.print_stats(stream=text, output_unit=1e-6, stripzeros=True)
+            with open(out_file, "w") as f:
+                f.write(text.getvalue())
+
+    return run
+
+
 if __name__ == "__main__":
-    host = sys.argv[1] == "--cprofile"
-    argv = sys.argv[2:] if host else sys.argv[1:]
+    mode = sys.argv[1] if sys.argv[1] in ("--cprofile", "--lines") else None
+    argv = sys.argv[2:] if mode else sys.argv[1:]
     step, out_file, argv = int(argv[0]), argv[1], argv[2:]
-    if host:
+    if mode == "--cprofile":
         rl.rl_step = at_step(rl.rl_step, step, host_profiled(out_file))
+        sys.exit(main(argv))
+    if mode == "--lines":
+        rl.rl_step = at_step(rl.rl_step, step, lines_profiled(out_file))
         sys.exit(main(argv))
     trace_all(TRACED)
     rl.update_policy = marked(rl.update_policy, "update")

@@ -28,6 +28,8 @@ fetch "pydantic==$(python3 -c 'import pydantic; print(pydantic.VERSION)')" \
 # Optional parts: math-verify (rewards) with its parser; the environments' bs4 and bm25s.
 fetch math-verify "latex2sympy2_extended" "antlr4-python3-runtime==4.13.2" || echo "math-verify wheels skipped"
 fetch beautifulsoup4 soupsieve bm25s || echo "environment wheels skipped"
+# bench/timeline.py --lines: the decode loop's host time line by line
+fetch line_profiler || echo "line_profiler wheel skipped"
 # The G1/G2 peer (bench/peers/trl_grpo.py): trl and datasets with its pure-Python needs, at the
 # versions this machine runs (the GPU image has accelerate, pyarrow, pandas, xxhash, fsspec).
 fetch "trl==$(python3 -c 'import trl; print(trl.__version__)')" \
