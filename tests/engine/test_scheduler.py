@@ -206,3 +206,68 @@ def test_decode_rows_advanced_from_the_step_before_equal_rows_filled_from_the_se
     assert advanced > 10
     reasons = Counter(seq.finish_reason for seq in everyone)
     assert reasons["stop"] > 0 and reasons["length"] > 0, reasons
+
+
+def test_page_table_updates_leave_the_device_tables_equal_to_the_sequences():
+    """`DecodeGraphs._update_tables` (on a CPU table): through an overlapped loop where
+    sequences stop early (rows then hold other sequences), take pages and copy their shared last
+    page, the table sent for every row equals its sequence's pages, with the rows checked only
+    where a decode chosen ahead names them."""
+    import types
+
+    import numpy as np
+    import torch
+
+    from reinforge.engine.cuda_graphs import DecodeGraphs
+
+    width, rows_cap = 12, 64
+    graphs = types.SimpleNamespace(
+        runner=types.SimpleNamespace(max_pages=width),
+        table_keys=np.full((3, rows_cap), -1, dtype=np.int64),
+        tables=torch.zeros((rows_cap, width), dtype=torch.int32),
+    )
+
+    def update(seqs, rows):
+        DecodeGraphs._update_tables(graphs, seqs, rows)
+        for i, seq in enumerate(seqs):
+            got = graphs.tables[i, : len(seq.block_table)].tolist()
+            assert got == seq.block_table, (i, got, seq.block_table)
+
+    params = SamplingParams(max_new_tokens=23, n=3, temperature=1.0)
+    scheduler = Scheduler(BlockManager(96, 4), 64, 64)
+    for g, prompt in enumerate(PROMPTS):
+        scheduler.add(
+            [Sequence(list(prompt), params, group_id=g, sample_index=k) for k in range(3)]
+        )
+
+    def stop_some(seq: Sequence) -> str | None:
+        if seq.output_ids[-1] == 7 and seq.num_output_tokens > 5 and seq.sample_index == 2:
+            return "stop"
+        return finish_at_length(seq)
+
+    inflight = scheduler.schedule()
+    scheduler.launched(inflight)
+    last, named = None, 0
+    while True:
+        ahead = None if inflight.is_prefill else scheduler.schedule_next_decode()
+        if ahead is not None:
+            same = last is not None and [s.seq_id for s in ahead.seqs] == last
+            update(ahead.seqs, ahead.grown_rows if same else None)
+            named += bool(same and ahead.grown_rows)
+            last = [s.seq_id for s in ahead.seqs]
+            scheduler.launched(ahead)
+        tokens = [next_token(seq) % 9 for seq in inflight.seqs]
+        scheduler.commit(inflight, tokens, [0.0] * len(tokens), stop_some)
+        if ahead is None:
+            if scheduler.is_finished():
+                break
+            ahead = scheduler.schedule()
+            if ahead.is_prefill:
+                graphs.table_keys[:] = -1  # (`forget_tables`)
+                last = None
+            else:
+                update(ahead.seqs, None)
+                last = [s.seq_id for s in ahead.seqs]
+            scheduler.launched(ahead)
+        inflight = ahead
+    assert named > 5

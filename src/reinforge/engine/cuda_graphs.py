@@ -37,6 +37,7 @@ BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256,
 # rows of the static per-sequence inputs
 IDS, POSITIONS, SLOTS, CONTEXT_LENS, SEEDS, OUTPUT_POSITIONS = range(6)
 NUM_ROW_FIELDS = 6
+assert (POSITIONS, CONTEXT_LENS, OUTPUT_POSITIONS) == (1, 3, 5)  # (a sampling graph's advance)
 # Held while a graph is captured: CUDA calls from another thread (the disaggregated generator's
 # weight receive, train/loop/disaggregated.py) during a capture would invalidate it.
 CAPTURE_LOCK = threading.Lock()
@@ -170,8 +171,9 @@ class DecodeGraphs:
         self.tables = torch.zeros(
             (self.max_batch_size, runner.max_pages), dtype=torch.int32, device=device
         )
-        # what each row of `tables` holds: (seq_id, number of pages, last page)
-        self.table_keys: list[tuple[int, int, int] | None] = [None] * self.max_batch_size
+        # what each row of `tables` holds: [sequence id, number of pages, last page] by row
+        # (-1: nothing known)
+        self.table_keys = np.full((3, self.max_batch_size), -1, dtype=np.int64)
         # the sequences of the last replay, row by row (None: unknown, e.g. after an eager step)
         self.last_seqs: list[Sequence] | None = None
         vocab = runner.model.lm_head.weight.shape[0]
@@ -203,6 +205,11 @@ class DecodeGraphs:
         # the last replay's samples, row by row (None: that graph did not sample)
         self.last_samples: tuple[torch.Tensor, torch.Tensor] | None = None
         self.last_stats: torch.Tensor | None = None  # and its rows' stats, when it kept them
+        # the graph whose last replay moved the rows on to the next step (a sampling one)
+        self.advanced_key: tuple[int, float | None] | None = None
+        self.host_rows_current = False  # `rows_hosts` hold the rows the device has
+        # (samples, stats) views by (graph, rows): made once
+        self.views: dict[tuple, tuple] = {}
         self.pool: Any = None  # the graphs' shared memory pool (an opaque handle)
         self.capture_key = self._capture_key()
         self.capture_seconds = 0.0
@@ -224,6 +231,7 @@ class DecodeGraphs:
         if key != self.capture_key:
             self.graphs.clear()
             self.samples.clear()
+            self.views.clear()
             self.pool = None
             self.capture_key = key
 
@@ -251,28 +259,44 @@ class DecodeGraphs:
             self._capture(bucket, temperature)
             torch.cuda.synchronize()
             self.capture_seconds += time.perf_counter() - start
+            self.last_seqs = None  # (the capture's warm-up ran on padding rows)
         last, self.last_seqs = self.last_seqs, seqs
         same_rows = last is not None and len(last) == n and all(map(operator.is_, seqs, last))
-        previous = self.rows_hosts[(self.num_runs - 1) % 2].numpy()
-        rows_host = self.rows_hosts[self.num_runs % 2]
-        self.num_runs += 1
-        rows_np = rows_host.numpy()
-        if same_rows and grown_rows is not None and prev_ids is not None:
-            # each sequence one token on from the last replay's rows (its input id comes from
-            # the device): 5-14 us at 256 rows, where filling them took 84-130 (2-core CPU)
-            advance_rows(previous, rows_np, seqs, grown_rows, self.runner.block_size)
+        follows = same_rows and grown_rows is not None and prev_ids is not None
+        if follows and temperature is not None and self.advanced_key == key:
+            # the last replay, of this graph, sampled these rows and moved them on to this
+            # step's inputs (`_capture`): nothing to send but the pages taken (a slow host spent
+            # 0.2-0.3 ms a step filling and sending the rows and the input ids, s29c)
+            self.host_rows_current = False
         else:
-            decode_rows(seqs, self.runner.block_size, rows_np)
-        rows_np[:, n:bucket] = np.array(PAD_ROW)[:, None]
-        self.rows.copy_(rows_host, non_blocking=True)
-        if prev_ids is not None:
-            self.rows[IDS, :n].copy_(prev_ids)
+            previous = self.rows_hosts[(self.num_runs - 1) % 2].numpy()
+            rows_host = self.rows_hosts[self.num_runs % 2]
+            self.num_runs += 1
+            rows_np = rows_host.numpy()
+            if follows and self.host_rows_current:
+                # each sequence one token on from the last replay's rows (its input id comes
+                # from the device): 5-14 us at 256 rows, where filling them took 84-130
+                advance_rows(previous, rows_np, seqs, grown_rows, self.runner.block_size)
+            else:
+                decode_rows(seqs, self.runner.block_size, rows_np)
+            rows_np[:, n:bucket] = np.array(PAD_ROW)[:, None]
+            self.rows.copy_(rows_host, non_blocking=True)
+            if prev_ids is not None:
+                self.rows[IDS, :n].copy_(prev_ids)
+            self.host_rows_current = True
         self._update_tables(seqs, grown_rows if same_rows else None)
         self.graphs[key].replay()
-        samples = self.samples.get(key)
-        self.last_samples = None if samples is None else (samples[0][:n], samples[1][:n])
-        sampled = samples is not None and self.stats is not None
-        self.last_stats = self.stats[:n] if sampled else None
+        self.advanced_key = key if temperature is not None else None
+        views = self.views.get((key, n))
+        if views is None:
+            samples = self.samples.get(key)
+            sampled = samples is not None and self.stats is not None
+            views = self.views[(key, n)] = (
+                None if samples is None else (samples[0][:n], samples[1][:n]),
+                self.stats[:n] if sampled else None,
+            )
+        self.last_samples, self.last_stats = views
+        # (not kept: a view would keep the logits' block, the KV pool's, from being released)
         return self.logits[:n]
 
     def row(self, field: int, n: int) -> torch.Tensor:
@@ -282,38 +306,58 @@ class DecodeGraphs:
         """After a prefill, or the pool restored: pages were (re)allocated, so every row's table
         is sent again and the next replay's rows are filled from the sequences. (An eager decode
         only forgets `last_seqs`: the tables it leaves are still the rows' own.)"""
-        self.table_keys = [None] * self.max_batch_size
+        self.table_keys[:] = -1
         self.last_seqs = None
+        self.advanced_key = None
 
     def _update_tables(self, seqs: list[Sequence], rows: list[int] | None = None) -> None:
         """Send only the page-table entries that changed since the last step: a new page, a
         copy-on-write of the last page, or a row now holding another sequence. `rows`: the only
-        rows that may have changed (None: any)."""
-        index: list[int] = []
-        values: list[int] = []
+        rows that may have changed (None: any). Each row's key (sequence, pages, last page) is
+        compared in numpy; a row of the same sequence sends from its old last page on, any other
+        its whole table (G1: every 16th step all 256 rows take a page, and a loop over them took
+        a slow host ~2 ms of that step, s29c)."""
+        picked = range(len(seqs)) if rows is None else rows
+        if not picked:
+            return
         width = self.runner.max_pages
+        tables = [seqs[i].block_table for i in picked]
+        row_R = np.fromiter(picked, np.int64, len(tables))
+        seq_R = np.array([seqs[i].seq_id for i in picked], dtype=np.int64)
+        len_R = np.array([len(t) for t in tables], dtype=np.int64)
+        last_R = np.array([t[-1] for t in tables], dtype=np.int64)
         keys = self.table_keys
-        for i in range(len(seqs)) if rows is None else rows:
-            seq = seqs[i]
-            table = seq.block_table
-            key = (seq.seq_id, len(table), table[-1])
-            old = keys[i]
-            if old == key:
-                continue
-            first = old[1] - 1 if old is not None and old[0] == seq.seq_id else 0
-            first = max(0, min(first, len(table) - 1))
-            index.extend(range(i * width + first, i * width + len(table)))
-            values.extend(table[first:])
-            keys[i] = key
-        if index:
-            assert len(seqs[0].block_table) <= width
-            # pinned and not waited for: a pageable copy waits for the device to drain the step
-            # launched ahead (G1: every 16th decode step, when every sequence takes a page)
-            update = torch.tensor([index, values], dtype=torch.long)
-            if self.tables.is_cuda:
-                update = update.pin_memory()
-            update = update.to(self.tables.device, non_blocking=True)
-            self.tables.view(-1).index_copy_(0, update[0], update[1].to(torch.int32))
+        old_seq, old_len, old_last = keys[0, row_R], keys[1, row_R], keys[2, row_R]
+        changed = (old_seq != seq_R) | (old_len != len_R) | (old_last != last_R)
+        if not changed.any():
+            return
+        # from the old last page on (its copy-on-write is among the changes), or from 0
+        first_R = np.where(old_seq == seq_R, np.clip(old_len - 1, 0, len_R - 1), 0)
+        count_R = len_R - first_R
+        # one or two entries (a page taken or copied): in numpy; longer runs row by row
+        short = changed & (count_R <= 2)
+        k2 = np.flatnonzero(short)
+        second = np.array([tables[k][-2] if len(tables[k]) > 1 else -1 for k in k2.tolist()])
+        second = second.astype(np.int64).reshape(-1)
+        two = count_R[k2] == 2
+        base = row_R[k2] * width + first_R[k2]
+        index_parts = [base, base[two] + 1]
+        value_parts = [np.where(two, second, last_R[k2]), last_R[k2][two]]
+        for k in np.flatnonzero(changed & ~short).tolist():
+            table, first, i = tables[k], int(first_R[k]), int(row_R[k])
+            index_parts.append(np.arange(i * width + first, i * width + len(table)))
+            value_parts.append(np.asarray(table[first:], dtype=np.int64))
+        keys[:, row_R[changed]] = np.stack([seq_R, len_R, last_R])[:, changed]
+        assert len(seqs[0].block_table) <= width
+        # pinned and not waited for: a pageable copy waits for the device to drain the step
+        # launched ahead (G1: every 16th decode step, when every sequence takes a page)
+        update = torch.from_numpy(
+            np.stack([np.concatenate(index_parts), np.concatenate(value_parts)])
+        )
+        if self.tables.is_cuda:
+            update = update.pin_memory()
+        update = update.to(self.tables.device, non_blocking=True)
+        self.tables.view(-1).index_copy_(0, update[0], update[1].to(torch.int32))
 
     def _capture(self, bucket: int, temperature: float | None = None) -> None:
         r = self.runner
@@ -327,7 +371,14 @@ class DecodeGraphs:
         )
         self.rows.copy_(torch.tensor(PAD_ROW)[:, None].expand_as(self.rows))
 
+        rows, bs = self.rows, r.block_size
+
         def step() -> tuple[torch.Tensor, torch.Tensor] | None:
+            # each row's slot from its position and page table (the host's value where it sent
+            # the rows; a step the last replay moved on gets it here), padding's kept at -1
+            positions, slots = rows[POSITIONS, :bucket], rows[SLOTS, :bucket]
+            page = self.tables[:bucket].gather(1, (positions // bs).unsqueeze(1)).squeeze(1)
+            slots.copy_(torch.where(slots >= 0, page.long() * bs + positions % bs, slots))
             forward(
                 r.model,
                 self.rows[IDS, :bucket],
@@ -347,11 +398,18 @@ class DecodeGraphs:
                 return None
             from reinforge.engine.triton_sampling import sample_inverse_cdf
 
-            seeds, positions = self.rows[SEEDS, :bucket], self.rows[OUTPUT_POSITIONS, :bucket]
+            seeds, outputs = rows[SEEDS, :bucket], rows[OUTPUT_POSITIONS, :bucket]
             stats = None if self.stats is None else self.stats[:bucket]
-            return sample_inverse_cdf(
-                self.logits[:bucket], temperature, seeds, positions, stats_out=stats
+            ids, logprobs = sample_inverse_cdf(
+                self.logits[:bucket], temperature, seeds, outputs, stats_out=stats
             )
+            # the rows moved on to the next step of the same sequences (`run` sends nothing
+            # then): the sampled ids in, positions, context and output lengths one on
+            rows[IDS, :bucket].copy_(ids)
+            rows[POSITIONS::2, :bucket] += (
+                slots >= 0
+            ).long()  # (POSITIONS, CONTEXT_LENS, OUTPUT_POSITIONS)
+            return ids, logprobs
 
         step()  # compiles the Triton kernels and sets up cuBLAS outside the capture
         graph = torch.cuda.CUDAGraph()

@@ -105,7 +105,8 @@ class ModelRunner(StepSampling):
         self.use_cuda_graphs = use_cuda_graphs
         self.graphs: DecodeGraphs | None = None
         self._graph_logits = False  # the last decode's logits came from a graph replay
-        self._host_results: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._host_results: list[tuple[torch.Tensor, torch.Tensor, torch.cuda.Event]] = []
+        self._host_views: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._num_fetches = 0
         # whether any sequence ever asked for the sampler's entropies (`Sequence.entropy_window`,
         # a session's): until one does, a step does not check each sequence's window (at 256
@@ -293,6 +294,7 @@ class ModelRunner(StepSampling):
                 reused=self._graph_logits,
                 stats_G2=stats,
                 temperature=params.temperature,
+                seqs=batch.seqs,
             )
         step.routes, step.route_spans = (routes, spans) if routes is not None else (None, None)
         if self.entropy_requested and any(

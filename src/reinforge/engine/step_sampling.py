@@ -137,14 +137,22 @@ class StepSampling:
                 (
                     torch.empty(size, dtype=torch.long, pin_memory=True),
                     torch.empty(size, dtype=torch.float32, pin_memory=True),
+                    torch.cuda.Event(),
                 )
                 for _ in range(2)
             ]
-        # two buffers in turn: a step launched ahead must not overwrite the one being read
-        host_ids, host_logprobs = self._host_results[self._num_fetches % 2]
+            self._host_views = {}
+        # two buffers (and events) in turn: a step launched ahead must not overwrite the one
+        # being read (a step is read back before the one after the next is launched); their
+        # views by row count, kept (a slow host's view and event calls took 15-30 us each, s29c)
+        slot = self._num_fetches % 2
         self._num_fetches += 1
-        host_ids[:n].copy_(ids, non_blocking=True)
-        host_logprobs[:n].copy_(logprobs, non_blocking=True)
-        event = torch.cuda.Event()
+        views = self._host_views.get((slot, n))
+        if views is None:
+            host_ids, host_logprobs, _ = self._host_results[slot]
+            views = self._host_views[(slot, n)] = (host_ids[:n], host_logprobs[:n])
+        event = self._host_results[slot][2]
+        views[0].copy_(ids, non_blocking=True)
+        views[1].copy_(logprobs, non_blocking=True)
         event.record()
-        return host_ids[:n], host_logprobs[:n], event
+        return views[0], views[1], event
