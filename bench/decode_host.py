@@ -40,6 +40,9 @@ def one_generation(args) -> dict[str, float]:
     def finish(seq: Sequence) -> str | None:
         return "length" if len(seq.output_ids) >= seq.params.max_new_tokens else None
 
+    # as `PagedEngine._finish_rule` says of itself (G1: no stop ids, no stop strings)
+    finish.stop_ids, finish.stop_strings = frozenset(), ()  # type: ignore[attr-defined]
+
     times: dict[str, float] = defaultdict(float)
     store = None
     if args.records:  # the engine's records (`engine.records`): their bookkeeping, not the copy
@@ -72,7 +75,7 @@ def one_generation(args) -> dict[str, float]:
             times["rows (advance_rows / decode_rows)"] += t2 - t1
             if store is not None:  # what `ModelRunner.launch` does for a step's records
                 t4 = time.perf_counter()
-                store.write(records[: len(ahead.leaders)], ahead.groups)
+                store.write(records[: len(ahead.leaders)], ahead.groups, seqs=ahead.seqs)
                 times["records (rows)"] += time.perf_counter() - t4
                 t2 = time.perf_counter()
             scheduler.launched(ahead)

@@ -57,6 +57,10 @@ TRACING = {"on": False}
 TRACED = [
     "reinforge.engine.model_runner:ModelRunner.restore",
     "reinforge.engine.model_runner:ModelRunner.begin_generate",
+    "reinforge.engine.model_runner:pool_block",
+    "reinforge.engine.cuda_graphs:DecodeGraphs.check_params",
+    "reinforge.engine.cuda_graphs:DecodeGraphs.forget_tables",
+    "torch.cuda:empty_cache",
     "reinforge.engine.model_runner:ModelRunner.launch",
     "reinforge.engine.paged:PagedEngine._grow_pool",
     "reinforge.engine.paged:PagedEngine._launch_ahead",

@@ -9,6 +9,7 @@ forward (see `qwen_forward.SUPPORTED_MODEL_TYPES`) run through `SimpleEngine`, w
 
 from __future__ import annotations
 
+import operator
 import time
 import warnings
 from collections.abc import Callable
@@ -233,7 +234,9 @@ class PagedEngine:
         """The tokens `batch` decodes from: the samples of the step in flight, on the device,
         in `batch`'s order (the same sequences, less those a commit found finished)."""
         seqs, previous = batch.seqs, inflight.batch.seqs
-        if len(seqs) == len(previous) and all(a is b for a, b in zip(seqs, previous)):
+        if seqs is previous or (
+            len(seqs) == len(previous) and all(map(operator.is_, seqs, previous))
+        ):
             return inflight.ids
         row = {id(seq): i for i, seq in enumerate(previous)}
         rows = torch.tensor([row[id(seq)] for seq in seqs], device=inflight.ids.device)
@@ -270,6 +273,9 @@ class PagedEngine:
                 return "length"
             return None
 
+        # the rule's parts, for the scheduler's loop without a call per sequence
+        finish_reason.stop_ids = frozenset(stop_ids)  # type: ignore[attr-defined]
+        finish_reason.stop_strings = stop_strings  # type: ignore[attr-defined]
         return finish_reason
 
     def _hit_stop_string(self, seq: Sequence, stops: tuple[str, ...]) -> bool:
