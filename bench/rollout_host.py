@@ -126,7 +126,7 @@ def main() -> None:
 
         return wrapper
 
-    episodes._open = add_to_last(episodes._open, "episodes opened")
+    episodes.open_episodes = add_to_last(episodes.open_episodes, "episodes opened")
     episodes._run_env_steps = add_to_last(episodes._run_env_steps, "env steps")
     episodes._take_step = add_to_last(episodes._take_step, "steps taken")
     trajectories.to_trajectory = add_to_last(trajectories.to_trajectory, "trajectories")

@@ -80,7 +80,7 @@ TRACED = [
     "reinforge.train.loop.rl:begin_rollout",
     "reinforge.train.loop.update:records_ready",
     "reinforge.rollout.trajectories:run_episodes",
-    "reinforge.rollout.episodes:_open",
+    "reinforge.rollout.episodes:open_episodes",
     "reinforge.rollout.episodes:_generate_first_turn",
     "reinforge.rollout.trajectories:to_trajectory",
     "reinforge.train.loop.update:pack_micro_batch",
@@ -338,7 +338,7 @@ if __name__ == "__main__":
     # the rollout's parts, to place its gaps (each from its first call's start to its last end)
     PagedEngine.generate = marked(PagedEngine.generate, "rollout: engine.generate")
     PagedEngine._completions = marked(PagedEngine._completions, "rollout: completions' texts")
-    episodes._open = marked(episodes._open, "rollout: episodes opened")
+    episodes.open_episodes = marked(episodes.open_episodes, "rollout: episodes opened")
     episodes._run_env_steps = marked(episodes._run_env_steps, "rollout: env steps")
     episodes._take_step = marked(episodes._take_step, "rollout: steps taken")
     trajectories.to_trajectory = marked(trajectories.to_trajectory, "rollout: trajectories")

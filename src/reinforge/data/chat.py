@@ -52,6 +52,22 @@ def render_ids(
     )
 
 
+def render_prompts(
+    tokenizer, conversations: Sequence[Sequence[Message]], tools: list[dict] | None = None
+) -> list[list[int]]:
+    """`render_prompt` of each conversation, in one chat-template call (the template renders each
+    and the tokenizer encodes them all in one batch: what it does for one, many at a time)."""
+    out = tokenizer.apply_chat_template(
+        [[m.to_dict() for m in messages] for messages in conversations],
+        tools=tools or None,
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    assert len(out) == len(conversations), "one prompt per conversation"
+    return [list(ids) for ids in out]
+
+
 def render_prompt(tokenizer, messages: Sequence[Message], tools: list[dict] | None = None):
     """Token ids of the chat-formatted prompt, ending where the assistant's reply begins."""
     return render_ids(tokenizer, messages, add_generation_prompt=True, tools=tools)

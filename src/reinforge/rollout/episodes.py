@@ -40,8 +40,9 @@ import json
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
-from reinforge.data.chat import render_ids
+from reinforge.data.chat import render_ids, render_prompts
 from reinforge.engine.base import Engine, SamplingParams
 from reinforge.envs.base import Env, EnvState, StepResult
 from reinforge.rollout.delta import DeltaRenderer, environment_delta  # noqa: F401 (public here)
@@ -117,11 +118,7 @@ def run_episodes(
     The env steps of a turn run on `env_workers` threads; the token bookkeeping after them runs
     here, in order (a tokenizer is not shared across threads)."""
     tools = getattr(env, "tool_schemas", None) if render_tools else None
-    renders: dict[str, list[int]] = {}
-    groups = [
-        [_open(env, tokenizer, task, tools, renders) for _ in range(samples_per_task)]
-        for task in tasks
-    ]
+    groups = open_episodes(env, tokenizer, tasks, samples_per_task, tools)
     episodes = [e for g in groups for e in g]
     for turn in range(limits.max_turns):
         active = [e for e in episodes if not e.is_done and _fits(e, limits)]
@@ -141,6 +138,61 @@ def run_episodes(
             e.metrics[f"finish_{e.finish_reason}"] += 1
             e.is_done = True
     return groups
+
+
+def open_episodes(
+    env: Env, tokenizer, tasks: list[Task], samples_per_task: int, tools
+) -> list[list[Episode]]:
+    """`samples_per_task` fresh episodes of each task: every env reset first, then each distinct
+    prompt rendered once, all of them in one chat-template call (one batched tokenizer call:
+    G1's 32 prompts took 32 calls, 12 ms of the 2-core CPU, while the GPU waits)."""
+    states: list[list[tuple[Task, Any]]] = []
+    for task in tasks:
+        row = []
+        for _ in range(samples_per_task):
+            try:
+                row.append((task, env.reset(task)))
+            except Exception as error:  # the env's failure: this episode's, counted
+                row.append((task, error))
+        states.append(row)
+    keys: dict[str, list[Message]] = {}  # each distinct prompt, by its messages' JSON
+    by_identity: dict[tuple[int, ...], str] = {}  # (the same message objects: one JSON)
+
+    def key_of(messages) -> str:
+        identity = tuple(map(id, messages))
+        key = by_identity.get(identity)
+        if key is None:
+            key = by_identity[identity] = json.dumps(messages, sort_keys=True, default=repr)
+            keys.setdefault(key, messages)
+        return key
+
+    opened = [
+        [
+            (task, state, key_of(task.messages if isinstance(state, Exception) else state.messages))
+            for task, state in row
+        ]
+        for row in states
+    ]
+    rendered = dict(zip(keys, render_many(tokenizer, list(keys.values()), tools), strict=True))
+    groups = []
+    for row in opened:
+        group = []
+        for task, state, key in row:
+            if isinstance(state, Exception):
+                episode = Episode(task, None, list(rendered[key]))
+                _fail(episode, state, "reset")
+            else:  # each episode extends its own ids
+                episode = Episode(task, state, list(rendered[key]))
+            group.append(episode)
+        groups.append(group)
+    return groups
+
+
+def render_many(tokenizer, conversations: list[list[Message]], tools) -> list[list[int]]:
+    """The ids of each conversation's prompt (`render`), in one chat-template call."""
+    if len(conversations) <= 1:
+        return [render(tokenizer, c, tools, True) for c in conversations]
+    return render_prompts(tokenizer, conversations, tools)
 
 
 def _open(
