@@ -22,7 +22,7 @@ import numpy as np
 
 from reinforge.engine.base import SamplingParams
 from reinforge.engine.block_manager import BlockManager
-from reinforge.engine.cuda_graphs import NUM_ROW_FIELDS, advance_rows, decode_rows
+from reinforge.engine.graph_rows import NUM_ROW_FIELDS, advance_rows, decode_rows
 from reinforge.engine.scheduler import Scheduler
 from reinforge.engine.sequence import Sequence
 

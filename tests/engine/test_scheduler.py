@@ -147,11 +147,11 @@ def test_a_decode_chosen_ahead_names_the_rows_whose_page_tables_changed():
 
 
 def test_decode_rows_advanced_from_the_step_before_equal_rows_filled_from_the_sequences():
-    """`cuda_graphs.advance_rows` (what a replay with the same sequences does) against
+    """`graph_rows.advance_rows` (what a replay with the same sequences does) against
     `decode_rows` at every decode of an overlapped loop where sequences stop at different steps
     (stop tokens) and cross pages at different steps (prompts of several lengths)."""
     np = pytest.importorskip("numpy")
-    from reinforge.engine.cuda_graphs import (
+    from reinforge.engine.graph_rows import (
         IDS,
         NUM_ROW_FIELDS,
         advance_rows,
@@ -209,7 +209,7 @@ def test_decode_rows_advanced_from_the_step_before_equal_rows_filled_from_the_se
 
 
 def test_page_table_updates_leave_the_device_tables_equal_to_the_sequences():
-    """`DecodeGraphs._update_tables` (on a CPU table): through an overlapped loop where
+    """`graph_rows.table_update` (applied to a CPU table): through an overlapped loop where
     sequences stop early (rows then hold other sequences), take pages and copy their shared last
     page, the table sent for every row equals its sequence's pages, with the rows checked only
     where a decode chosen ahead names them."""
@@ -218,17 +218,18 @@ def test_page_table_updates_leave_the_device_tables_equal_to_the_sequences():
     import numpy as np
     import torch
 
-    from reinforge.engine.cuda_graphs import DecodeGraphs
+    from reinforge.engine.graph_rows import table_update
 
     width, rows_cap = 12, 64
     graphs = types.SimpleNamespace(
-        runner=types.SimpleNamespace(max_pages=width),
         table_keys=np.full((3, rows_cap), -1, dtype=np.int64),
         tables=torch.zeros((rows_cap, width), dtype=torch.int32),
     )
 
     def update(seqs, rows):
-        DecodeGraphs._update_tables(graphs, seqs, rows)
+        change = table_update(graphs.table_keys, width, seqs, rows)
+        if change is not None:
+            graphs.tables.view(-1)[torch.from_numpy(change[0])] = torch.from_numpy(change[1]).int()
         for i, seq in enumerate(seqs):
             got = graphs.tables[i, : len(seq.block_table)].tolist()
             assert got == seq.block_table, (i, got, seq.block_table)

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from reinforge.engine.attention import AttentionMetadata
-from reinforge.engine.cuda_graphs import (
+from reinforge.engine.graph_rows import (
     CONTEXT_LENS,
     IDS,
     NUM_ROW_FIELDS,

@@ -92,13 +92,13 @@ class StepSampling:
                 logits_GV = logits_GV.repeat_interleave(repeats, dim=0, output_size=sum(sizes))
         stats_G2 = None
         if self.is_fast_path and uses_fused_sampler(params):
-            from reinforge.engine import cuda_graphs, triton_sampling
+            from reinforge.engine import graph_rows, triton_sampling
 
             n = logits_GV.shape[0]
             if self._graph_logits:
                 assert self.graphs is not None
-                seeds = self.graphs.row(cuda_graphs.SEEDS, n)
-                positions = self.graphs.row(cuda_graphs.OUTPUT_POSITIONS, n)
+                seeds = self.graphs.row(graph_rows.SEEDS, n)
+                positions = self.graphs.row(graph_rows.OUTPUT_POSITIONS, n)
             else:
                 seqs = batch.seqs
                 seeds = eager_inputs.longs([seq.sample_seed for seq in seqs], self.device)
