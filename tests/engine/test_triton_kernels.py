@@ -482,3 +482,59 @@ def test_gather_host_rows_reads_one_layer_of_rows_from_pinned_chunks(dtype, ctas
         out = torch.full((len(rows), E), 9.0, dtype=dtype, device=DEVICE)
         triton_ops.gather_host_rows(table, rows.to(DEVICE), chunk_rows, (layers, E), layer, out)
         torch.testing.assert_close(out.cpu(), whole[rows, layer], atol=0, rtol=0)
+
+
+@runs_here
+def test_decode_rows_slots_and_advance_kernels_match_the_host_rows():
+    """A sampling decode graph's two row kernels against `graph_rows`: `row_slots` gives every
+    live row the slot `decode_rows` gives it (from its position and page table) and keeps the
+    padding's -1; `advance_rows_on_device` puts the sampled ids in and moves each live row's
+    position, context length and output position one on, padding rows unchanged."""
+    import numpy as np
+
+    from reinforge.engine.base import SamplingParams
+    from reinforge.engine.block_manager import BlockManager
+    from reinforge.engine.graph_rows import (
+        CONTEXT_LENS,
+        IDS,
+        NUM_ROW_FIELDS,
+        OUTPUT_POSITIONS,
+        PAD_ROW,
+        POSITIONS,
+        SEEDS,
+        SLOTS,
+        decode_rows,
+    )
+    from reinforge.engine.sequence import Sequence
+
+    block_size, width, bucket = 4, 8, 320  # more rows than one block of the kernels
+    manager = BlockManager(4096, block_size)
+    rng = np.random.default_rng(0)
+    seqs = []
+    for k in range(300):
+        seq = Sequence(list(range(1, 2 + int(rng.integers(0, 9)))), SamplingParams(), seq_id=k)
+        seq.output_ids = [7] * int(rng.integers(0, 12))
+        manager.allocate(seq)
+        seqs.append(seq)
+    host = np.empty((NUM_ROW_FIELDS, bucket), dtype=np.int64)
+    decode_rows(seqs, block_size, host)
+    host[:, len(seqs) :] = np.array(PAD_ROW)[:, None]
+    tables = torch.zeros((bucket, width), dtype=torch.int32)
+    for i, seq in enumerate(seqs):
+        tables[i, : len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.int32)
+    rows = torch.from_numpy(host.copy()).to(DEVICE)
+    rows[SLOTS, : len(seqs)] = 0  # any valid slot: the kernel recomputes it
+    triton_ops.row_slots(rows, tables.to(DEVICE), bucket, block_size, (POSITIONS, SLOTS))
+    assert rows.cpu().numpy().tolist() == host.tolist()
+
+    ids = torch.arange(1000, 1000 + bucket, dtype=torch.long, device=DEVICE)
+    fields = (IDS, SLOTS, POSITIONS, CONTEXT_LENS, OUTPUT_POSITIONS)
+    triton_ops.advance_rows_on_device(rows, ids, bucket, fields)
+    got = rows.cpu().numpy()
+    live = host[SLOTS] >= 0
+    assert live.sum() == len(seqs)
+    np.testing.assert_array_equal(got[IDS], ids.cpu().numpy())
+    for field in (POSITIONS, CONTEXT_LENS, OUTPUT_POSITIONS):
+        np.testing.assert_array_equal(got[field], host[field] + live)
+    np.testing.assert_array_equal(got[SEEDS], host[SEEDS])
+    np.testing.assert_array_equal(got[SLOTS], host[SLOTS])

@@ -311,12 +311,12 @@ class DecodeGraphs:
 
         rows, bs = self.rows, r.block_size
 
+        from reinforge.engine.triton_ops import advance_rows_on_device, row_slots
+
         def step() -> tuple[torch.Tensor, torch.Tensor] | None:
             # each row's slot from its position and page table (the host's value where it sent
             # the rows; a step the last replay moved on gets it here), padding's kept at -1
-            positions, slots = rows[POSITIONS, :bucket], rows[SLOTS, :bucket]
-            page = self.tables[:bucket].gather(1, (positions // bs).unsqueeze(1)).squeeze(1)
-            slots.copy_(torch.where(slots >= 0, page.long() * bs + positions % bs, slots))
+            row_slots(rows, self.tables, bucket, bs, (POSITIONS, SLOTS))
             forward(
                 r.model,
                 self.rows[IDS, :bucket],
@@ -343,10 +343,8 @@ class DecodeGraphs:
             )
             # the rows moved on to the next step of the same sequences (`run` sends nothing
             # then): the sampled ids in, positions, context and output lengths one on
-            rows[IDS, :bucket].copy_(ids)
-            rows[POSITIONS::2, :bucket] += (
-                slots >= 0
-            ).long()  # (POSITIONS, CONTEXT_LENS, OUTPUT_POSITIONS)
+            fields = (IDS, SLOTS, POSITIONS, CONTEXT_LENS, OUTPUT_POSITIONS)
+            advance_rows_on_device(rows, ids, bucket, fields)
             return ids, logprobs
 
         step()  # compiles the Triton kernels and sets up cuBLAS outside the capture

@@ -13,7 +13,6 @@ from reinforge.engine.sequence import Sequence
 # rows of the static per-sequence inputs
 IDS, POSITIONS, SLOTS, CONTEXT_LENS, SEEDS, OUTPUT_POSITIONS = range(6)
 NUM_ROW_FIELDS = 6
-assert (POSITIONS, CONTEXT_LENS, OUTPUT_POSITIONS) == (1, 3, 5)  # (a sampling graph's advance)
 PAD_ROW = (0, 0, -1, 1, 0, 0)
 
 

@@ -303,3 +303,64 @@ def gather_host_rows(
         num_warps=4,
     )
     return out
+
+
+@triton.jit
+def _row_slots_kernel(
+    rows_ptr, tables_ptr, n, row_stride, table_stride, block_size,
+    POSITIONS: tl.constexpr, SLOTS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    position = tl.load(rows_ptr + POSITIONS * row_stride + offs, mask=mask, other=0)
+    slot = tl.load(rows_ptr + SLOTS * row_stride + offs, mask=mask, other=-1)
+    live = mask & (slot >= 0)
+    page = tl.load(tables_ptr + offs * table_stride + position // block_size, mask=live, other=0)
+    new = tl.where(slot >= 0, page.to(tl.int64) * block_size + position % block_size, slot)
+    tl.store(rows_ptr + SLOTS * row_stride + offs, new, mask=mask)
+
+
+def row_slots(rows: torch.Tensor, tables: torch.Tensor, n: int, block_size: int, fields) -> None:
+    """In place, for the first `n` rows of the decode graphs' inputs (`graph_rows`: [fields,
+    rows] int64): each live row's KV slot from its position and its page table ([rows, pages]
+    int32); a padding row's (-1) is kept. One kernel where torch took eight."""
+    positions, slots = fields
+    assert rows.dtype == torch.int64 and rows.stride(1) == 1 and tables.stride(1) == 1
+    BLOCK = 256
+    _row_slots_kernel[(triton.cdiv(n, BLOCK),)](
+        rows, tables, n, rows.stride(0), tables.stride(0), block_size,
+        POSITIONS=positions, SLOTS=slots, BLOCK=BLOCK, num_warps=1,
+    )  # fmt: skip
+
+
+@triton.jit
+def _advance_rows_kernel(
+    rows_ptr, ids_ptr, n, row_stride,
+    IDS: tl.constexpr, SLOTS: tl.constexpr, POSITIONS: tl.constexpr,
+    CONTEXT_LENS: tl.constexpr, OUTPUT_POSITIONS: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    slot = tl.load(rows_ptr + SLOTS * row_stride + offs, mask=mask, other=-1)
+    one = (slot >= 0).to(tl.int64)
+    tl.store(rows_ptr + IDS * row_stride + offs, tl.load(ids_ptr + offs, mask=mask), mask=mask)
+    position = tl.load(rows_ptr + POSITIONS * row_stride + offs, mask=mask, other=0)
+    tl.store(rows_ptr + POSITIONS * row_stride + offs, position + one, mask=mask)
+    context = tl.load(rows_ptr + CONTEXT_LENS * row_stride + offs, mask=mask, other=0)
+    tl.store(rows_ptr + CONTEXT_LENS * row_stride + offs, context + one, mask=mask)
+    output = tl.load(rows_ptr + OUTPUT_POSITIONS * row_stride + offs, mask=mask, other=0)
+    tl.store(rows_ptr + OUTPUT_POSITIONS * row_stride + offs, output + one, mask=mask)
+
+
+def advance_rows_on_device(rows: torch.Tensor, ids: torch.Tensor, n: int, fields) -> None:
+    """In place, for the first `n` rows: the sampled `ids` in as the next inputs, and each live
+    row's position, context length and output position one on (padding rows, slot -1, stay).
+    `fields`: (IDS, SLOTS, POSITIONS, CONTEXT_LENS, OUTPUT_POSITIONS). One kernel."""
+    ids_f, slots_f, positions_f, context_f, outputs_f = fields
+    assert rows.dtype == torch.int64 and rows.stride(1) == 1 and ids.is_contiguous()
+    BLOCK = 256
+    _advance_rows_kernel[(triton.cdiv(n, BLOCK),)](
+        rows, ids, n, rows.stride(0),
+        IDS=ids_f, SLOTS=slots_f, POSITIONS=positions_f, CONTEXT_LENS=context_f,
+        OUTPUT_POSITIONS=outputs_f, BLOCK=BLOCK, num_warps=1,
+    )  # fmt: skip
