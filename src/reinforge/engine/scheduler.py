@@ -220,17 +220,13 @@ class Scheduler:
             seq.num_pending = ahead
             reason = finish_reason(seq)
             if reason is not None:
-                seq.num_pending = 0
-                seq.status, seq.finish_reason = finished, reason
-                if not seq.keep_pages:
-                    self.block_manager.free(seq)
+                self._finish(seq, reason)
                 any_finished = True
             elif ahead:
                 outputs.append(next_id)
                 seq_logprobs.append(next_logprob)
         if any_finished:
-            self.running = deque(seq for seq in self.running if not seq.is_finished)
-            self._steady = None
+            self._drop_finished()
 
     def _commit_plain(self, seqs, token_ids, logprobs, stop_ids) -> None:
         """`commit` under the plain finish rule (a stop id, else the length; `PagedEngine`'s
@@ -255,14 +251,21 @@ class Scheduler:
                 continue
             if ahead:  # the later step's token is dropped
                 del outputs[-1], seq.logprobs[-1]
-            seq.num_pending = 0
-            seq.status, seq.finish_reason = finished, reason
-            if not seq.keep_pages:
-                self.block_manager.free(seq)
+            self._finish(seq, reason)
             any_finished = True
         if any_finished:
-            self.running = deque(seq for seq in self.running if not seq.is_finished)
-            self._steady = None
+            self._drop_finished()
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        """`seq` is done: its pages back now (unless it `keep_pages`)."""
+        seq.num_pending = 0
+        seq.status, seq.finish_reason = SequenceStatus.FINISHED, reason
+        if not seq.keep_pages:
+            self.block_manager.free(seq)
+
+    def _drop_finished(self) -> None:
+        self.running = deque(seq for seq in self.running if not seq.is_finished)
+        self._steady = None
 
     def _can_admit(self, group: list[Sequence]) -> bool:
         return len(self.running) + len(group) <= self.max_num_seqs and (
