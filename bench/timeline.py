@@ -285,7 +285,7 @@ LINE_PROFILED = [
     "reinforge.engine.step_sampling:StepSampling._fetch",
     "reinforge.engine.step_sampling:LaunchedStep.result",
     "reinforge.engine.records:HiddenStore.write",
-    "reinforge.engine.records:HiddenStore._write_decode",
+    "reinforge.engine.record_positions:PositionsTable.write_decode",
     "reinforge.engine.records:HiddenStore._stage",
     "reinforge.engine.records:HiddenStore.flush",
     "reinforge.engine.records:HiddenStore._to_host",
