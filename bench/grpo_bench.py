@@ -168,6 +168,10 @@ def summarise(
         "peak_train_gib": round(max(r.get("gpu_peak_train_gib", 0.0) for r in rows), 2),
         "wall_s": round(wall, 1),
     }
+    if all("iteration_s" in r for r in steady):
+        # step end to step end, what the peer's timer measures (its logging and the work
+        # between steps included); `step_s` is the step's own
+        summary["steady_iteration_s"] = round(med("iteration_s"), 3)
     summary.update(per_gpu(summary, layout, flops_per_token * computed))
     if "rollout_staleness" in rows[0]:
         summary["staleness"] = [r["rollout_staleness"] for r in rows]
@@ -241,6 +245,9 @@ def print_table(results: dict) -> None:
             speed = peer["steady_step_s"] / ours["steady_step_s"]
             memory = 1 - ours["peak_gib"] / peer["peak_gib"]
             ratio = f"reinforge **{speed:.1f}x faster**, {memory:+.0%} less memory"
+            if "steady_iteration_s" in ours:  # the peer's own measure: step end to step end
+                it = ours["steady_iteration_s"]
+                ratio += f" (step end to step end: {it} s, {peer['steady_step_s'] / it:.1f}x)"
         print(
             f"| {name} | {peer['peer']} | {peer['steady_step_s']} | "
             f"{peer['generated_tok_per_s']:,} | {peer['peak_gib']} | {ratio} |"

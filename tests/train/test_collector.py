@@ -48,6 +48,10 @@ def test_a_run_logs_each_steps_collector_seconds(tmp_path):
     sft = [r for r in rows if r.get("phase") == "sft"]
     assert len(rl) == 3 and all(0.0 <= r["gc_s"] < r["step_s"] for r in rl), rl
     assert len(sft) == 2 and all(r["gc_s"] >= 0.0 for r in sft), sft
+    # from one RL step's log to the next (what a peer's step timer measures): the step and the
+    # work between steps; none for the first
+    assert "iteration_s" not in rl[0]
+    assert all(r["step_s"] <= r["iteration_s"] < r["step_s"] + 5.0 for r in rl[1:]), rl
 
 
 def test_held_makes_no_automatic_collection_and_collect_runs_one():

@@ -9,12 +9,9 @@ a copy of its own, which outlives the table's next generation.
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from reinforge.engine.records import HiddenStore
 
 
 class PositionsTable:
@@ -93,7 +90,9 @@ class HiddenRows:
     sequences' rows in one indexed assignment; a completion's (`prefix`, `completed`) is a copy
     of its own, kept after the store's next generation reuses the table."""
 
-    def __init__(self, store: HiddenStore, capacity: int = 0, live: bool = True):
+    def __init__(self, store: Any, capacity: int = 0, live: bool = True):
+        """`store`: the `records.HiddenStore` whose arena rows these are (not imported here:
+        it imports this module)."""
         self.store = store
         self.generation = store.generation
         self.slot: int | None = store.positions.take_slot(capacity) if live else None

@@ -86,6 +86,7 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
         summary.eval_before = first_eval_from_log(ctx.run_dir)
         start_step = state.step
         collector.take()  # SFT's and the set-up's collections are not RL steps'
+        logged_at = None  # when the last step was logged (`iteration_s`)
         with progress_bar(cfg.run.max_steps, state.step, "RL") as advance:
             for step in range(state.step + 1, cfg.run.max_steps + 1):
                 with collector.held():  # collected once, while the device runs the update
@@ -97,6 +98,10 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
                     collector.settle()
                 state.step = summary.final_step = step
                 summary.steps_trained = step - start_step
+                now = time.perf_counter()
+                if logged_at is not None:  # from the last step's log to this one's: the work
+                    metrics["iteration_s"] = now - logged_at  # between steps too
+                logged_at = now
                 logger.log(step, metrics)
                 console.print(format_line(step, metrics))
                 advance()
