@@ -26,6 +26,7 @@ TIMING = {
     "gen_restore_s",
     "gen_graph_capture_s",
     "gc_s",
+    "iteration_s",  # (from the last step logged: none right after a resume)
 }
 
 
