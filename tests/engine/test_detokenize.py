@@ -6,7 +6,13 @@ import random
 
 import pytest
 
-from reinforge.engine.detokenize import TextsAhead, batch_decodes_alike, decode_many, is_byte_level
+from reinforge.engine.detokenize import (
+    TextsAhead,
+    batch_decodes_alike,
+    decode_many,
+    is_byte_level,
+    is_tokenwise,
+)
 from reinforge.models.shapes import build_word_tokenizer
 from reinforge.models.tiny import build_tokenizer
 
@@ -135,7 +141,7 @@ def test_texts_decoded_during_the_loop_equal_decode(build, chunk):
         )
         seqs.append(Growing(ids, length))
     ahead = TextsAhead(tokenizer, seqs, per_call=5, chunk=chunk)
-    assert ahead.partial == is_byte_level(tokenizer)
+    assert ahead.partial  # byte-level (the tiny tokenizer) and token-wise (the word one)
     for t in range(1, 91):
         for seq in seqs:
             seq.step(t)
@@ -172,3 +178,125 @@ def test_texts_ahead_does_nothing_where_decode_is_the_tokenizers_own():
     ahead.advance()
     assert not ahead.enabled and ahead.num_decoded == 0
     assert ahead.texts() == [tokenizer.decode([5, 6, 7], skip_special_tokens=True)]
+
+
+def decoder_tokenizer(decoder):
+    """A fast tokenizer over words, WordPiece and SentencePiece pieces, byte tokens (`<0x..>`)
+    and special tokens, with `decoder` (None: the backend joins the tokens with spaces)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = [
+        "the",
+        "##ing",
+        "##s",
+        "\u2581the",
+        "\u2581cat",
+        "\u2581",
+        "ab",
+        ".",
+        "\u2581.",
+        ",",
+        "'",
+    ]
+    vocab = {w: i for i, w in enumerate(words)}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    vocab.update({"[UNK]": len(vocab), "[PAD]": len(vocab) + 1, "[EOS]": len(vocab) + 2})
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if decoder is not None:
+        core.decoder = decoder
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]", eos_token="[EOS]"
+    )
+    tokenizer.clean_up_tokenization_spaces = False
+    return tokenizer
+
+
+def decoders_by_name():
+    from tokenizers import decoders
+
+    return {
+        "wordpiece": decoders.WordPiece(prefix="##", cleanup=True),
+        "metaspace": decoders.Metaspace(),
+        # Llama 2's
+        "sentencepiece": decoders.Sequence(
+            [
+                decoders.Replace("\u2581", " "),
+                decoders.ByteFallback(),
+                decoders.Fuse(),
+                decoders.Strip(" ", 1, 0),
+            ]
+        ),
+        "none": None,
+        "ctc": decoders.CTC(),  # joins repeats: no parts
+        "bpe": decoders.BPEDecoder(),  # the last token's suffix apart: no parts
+        # a replace over the joined text: its pattern may span two parts
+        "fuse-replace": decoders.Sequence([decoders.Fuse(), decoders.Replace("the", "THE")]),
+    }
+
+
+@pytest.mark.parametrize("name", list(decoders_by_name()))
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_token_wise_decoders_parts_join_to_the_whole_text(name, chunk):
+    """Running sequences decoded in parts (behind an anchor token after the first) give
+    `decode`'s text: leading spaces and pieces, WordPiece's glued subwords, runs of byte tokens
+    (whole characters and invalid UTF-8 alike) and special tokens at any place, the first
+    token read included. Decoders whose tokens' texts depend on their neighbours (CTC, BPE's
+    last token, a replace over the joined text) decode whole sequences only."""
+    tokenizer = decoder_tokenizer(decoders_by_name()[name])
+    assert batch_decodes_alike(tokenizer)
+    tokenwise = name not in {"ctc", "bpe", "fuse-replace"}
+    assert is_tokenwise(tokenizer) == tokenwise
+    special = list(tokenizer.all_special_ids)
+    utf8 = [b for ch in "日本é" for b in ch.encode()]
+    rng = random.Random(chunk)
+    seqs = []
+    for _ in range(30):
+        ids: list[int] = []
+        length = rng.randrange(0, 70)
+        if rng.random() < 0.3:
+            ids += [rng.choice(special) for _ in range(rng.randrange(1, 4))]  # specials first
+        while len(ids) < length:
+            r = rng.random()
+            if r < 0.15:  # a run of byte tokens: characters, or bytes no UTF-8 reads
+                run = utf8[: rng.randrange(1, len(utf8))] if r < 0.1 else [0xFF, 0x80]
+                ids += [tokenizer.convert_tokens_to_ids(f"<0x{b:02X}>") for b in run]
+            elif r < 0.25:
+                ids.append(rng.choice(special))
+            else:
+                ids.append(rng.randrange(11))
+        seqs.append(Growing(ids[:length], length))
+    ahead = TextsAhead(tokenizer, seqs, per_call=7, chunk=chunk)
+    assert ahead.partial == tokenwise
+    for t in range(1, 71):
+        for seq in seqs:
+            seq.step(t)
+        ahead.advance()
+    want = [tokenizer.decode(seq.all, skip_special_tokens=True) for seq in seqs]
+    assert ahead.texts() == want
+    assert len(set(want)) > 10
+    if tokenwise:
+        assert any(len(parts) > 2 for parts in ahead.parts)  # in parts, not whole at the end
+        assert ahead.num_decoded > sum(seq.length for seq in seqs) // 2
+
+
+def test_a_run_of_byte_tokens_is_never_cut():
+    """A part ending on a byte token waits for its next ids: the run's bytes may spell one
+    character with the bytes that follow."""
+    tokenizer = decoder_tokenizer(decoders_by_name()["sentencepiece"])
+    byte = [tokenizer.convert_tokens_to_ids(f"<0x{b:02X}>") for b in "日".encode()]
+    ids = [4, *byte, 3]  # "▁cat", 日's three bytes, "▁the"
+    seq = Growing(ids, len(ids))
+    ahead = TextsAhead(tokenizer, [seq], per_call=1, chunk=1)
+    seq.step(3)  # "▁cat" and two of the bytes
+    ahead.advance()
+    assert ahead.done == [0]
+    seq.step(4)
+    ahead.advance()  # the run's last byte is still a byte token: its run may go on
+    assert ahead.done == [0]
+    seq.step(5)
+    ahead.advance()
+    assert ahead.done == [5] and ahead.parts == [["cat日 the"]]
+    assert ahead.texts() == ["cat日 the"] == [tokenizer.decode(ids)]
