@@ -232,6 +232,44 @@ def report(prof, wall: float, out_file: str) -> None:
         f.write(text + "\n")
 
 
+def thread_cpu() -> dict[int, tuple[str, float]]:
+    """Each thread of this process: (name, CPU seconds so far), from /proc (Linux; {} elsewhere).
+    Python threads by their `threading` names, others by their kernel names."""
+    import os
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return out
+    for tid in map(int, tids):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:
+            continue
+        out[tid] = (names.get(tid, comm), (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def threads_report(before: dict, after: dict, wall: float) -> str:
+    """The step's CPU time by thread (a Python thread busy beside the main one takes the GIL
+    from it: the main thread then waits up to the switch interval, 5 ms, each time it lets go)."""
+    rows = []
+    for tid, (name, cpu) in after.items():
+        used = cpu - before.get(tid, (name, 0.0))[1]
+        if used >= 0.005:
+            rows.append((used, tid, name))
+    lines = [f"\nthreads: CPU ms in the step ({wall:.3f} s wall), those with >= 5 ms"]
+    lines += [f"  {used * 1e3:8.0f} | {tid} | {name}" for used, tid, name in sorted(rows)[::-1]]
+    return "\n".join(lines)
+
+
 def measured(out_file: str):
     def run(step_fn, args, kwargs):
         torch.cuda.synchronize()
@@ -239,13 +277,20 @@ def measured(out_file: str):
         WINDOWS.clear()
         SPANS.clear()
         TRACING["on"] = True
+        cpu_before = thread_cpu()
         # device activity only: tracing every host operator would slow the host and widen the
         # very gaps measured here
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             result = marked(step_fn, "whole step")(*args, **kwargs)
             torch.cuda.synchronize()
         TRACING["on"] = False
-        report(prof, time.perf_counter() - start, out_file)
+        cpu_after = thread_cpu()
+        wall = time.perf_counter() - start
+        report(prof, wall, out_file)
+        text = threads_report(cpu_before, cpu_after, wall)
+        print(text, flush=True)
+        with open(out_file, "a") as f:
+            f.write(text + "\n")
         return result
 
     return run

@@ -300,3 +300,48 @@ def test_a_run_of_byte_tokens_is_never_cut():
     ahead.advance()
     assert ahead.done == [5] and ahead.parts == [["cat日 the"]]
     assert ahead.texts() == ["cat日 the"] == [tokenizer.decode(ids)]
+
+
+def test_advance_while_decodes_only_while_the_step_is_not_done():
+    """The loop's wait: nothing when the step is done already (a host slower than the device
+    decodes at the end, in one call); while it is not, part after part until nothing is left
+    to decode, then it returns."""
+    tokenizer = build_word_tokenizer(500)
+    rng = random.Random(3)
+    seqs = [Growing([rng.randrange(490) for _ in range(40)], 40) for _ in range(12)]
+    ahead = TextsAhead(tokenizer, seqs, per_call=3, chunk=4)
+    for seq in seqs:
+        seq.step(20)
+    ahead.advance_while(lambda: True)  # done: the host goes straight on
+    assert ahead.num_decoded == 0
+    polls = []
+
+    def busy_for(n):
+        def ready():
+            polls.append(1)
+            return len(polls) > n
+
+        return ready
+
+    ahead.advance_while(busy_for(2))  # two calls of 3 sequences, then the step is done
+    assert len(polls) == 3 and sorted(ahead.done) == [0] * 6 + [20] * 6
+    polls.clear()
+    ahead.advance_while(busy_for(10**6))  # never done: returns when nothing is left
+    assert sorted(ahead.done) == [20] * 12 and len(polls) < 10
+    for seq in seqs:
+        seq.step(40)
+    assert ahead.texts() == [tokenizer.decode(seq.all, skip_special_tokens=True) for seq in seqs]
+
+
+def test_advance_while_returns_when_a_part_waits_for_a_characters_end():
+    """A part that ends inside a character is not kept: with the step never done, the loop
+    returns instead of decoding that part again and again."""
+    tokenizer = build_tokenizer()
+    ids = tokenizer.encode("ab日", add_special_tokens=False)  # 2 + 3 one-byte tokens
+    seq = Growing(ids, len(ids))
+    ahead = TextsAhead(tokenizer, [seq], per_call=1, chunk=1)
+    seq.step(4)  # "ab" and two bytes of 日
+    ahead.advance_while(lambda: False)
+    assert ahead.done == [0]
+    seq.step(len(ids))
+    assert ahead.texts() == ["ab日"]

@@ -192,3 +192,30 @@ def test_the_peak_without_prefills_in_the_mempool_walks_back_through_each(micro_
     runner.prefills.peaks.update({900: 700})
     assert runner.peak_outside_prefills(950) == 950  # later work peaked higher: it stands
     assert runner.logits_area is None and runner.kv_bytes_in_mempool == 0  # (no mempool here)
+
+
+@pytest.mark.parametrize("word_tokenizer", [False, True])
+def test_texts_decoded_while_steps_run_equal_decode(
+    micro_dir, tokenizer, word_tokenizer, monkeypatch
+):
+    """The decode loop decodes texts in parts while a queued step is not done (forced here: every
+    step reads as not done): the completions' texts equal `decode` of their ids, with the tiny
+    byte-level tokenizer and the shape models' word tokenizer, through sampled stops."""
+    from reinforge.engine.step_sampling import LaunchedStep
+    from reinforge.models.shapes import build_word_tokenizer
+
+    from .conftest import build_model
+
+    if word_tokenizer:
+        tokenizer = build_word_tokenizer(len(tokenizer))
+    model = build_model("qwen2", micro_dir, tokenizer)
+    monkeypatch.setattr(LaunchedStep, "ready", lambda self: False)
+    engine = PagedEngine(model, tokenizer, block_size=4, num_blocks=512)
+    params = SamplingParams(max_new_tokens=40, temperature=1.0, n=3, seed=2, stop_token_ids=[7])
+    groups = engine.generate([list(range(5, 12)), list(range(30, 41))], params)
+    assert engine.stats.extra["num_overlapped_steps"] > 0
+    assert engine.totals["gen_texts_ahead_ids"] > 0
+    for group in groups:
+        for c in group:
+            assert c.text == tokenizer.decode(c.token_ids, skip_special_tokens=True)
+    assert len({c.text for group in groups for c in group}) > 3

@@ -174,9 +174,9 @@ class _Parts:
 
 
 class TextsAhead:
-    """The completions' texts, decoded while the device computes: `advance` is called where the
-    decode loop would wait for a step (the next one queued behind it), and decodes a few
-    sequences' ids at a time; `texts` decodes what is left. G1's 256 x 512 ids took the host
+    """The completions' texts, decoded while the device computes: `advance_while` is called where
+    the decode loop would wait for a step (the next one queued behind it), and decodes a few
+    sequences' ids at a time until the step is done; `texts` decodes what is left. G1's 256 x 512 ids took the host
     24-36 ms after the last decode step, with the device idle (s28b, s29a).
 
     A finished sequence is decoded whole. A running one in settled parts of `chunk` ids or more
@@ -197,10 +197,20 @@ class TextsAhead:
         self.cursor = 0
         self.num_decoded = 0  # ids decoded by `advance`
 
-    def advance(self) -> None:
-        """Decode the next `per_call` sequences' finished or settled ids, in one backend call."""
+    def advance_while(self, ready) -> None:
+        """`advance` until `ready()` (the step the loop waits for is done) or nothing is left
+        to decode now: the host's time the loop would spend waiting, and none it would not
+        (a loop whose host is slower than the device decodes its texts at the end, in one
+        call)."""
+        while not ready() and self.advance():
+            pass
+
+    def advance(self) -> bool:
+        """Decode the next `per_call` sequences' finished or settled ids, in one backend call;
+        whether a part was kept (a part that ends inside a character is not: its sequence waits
+        for more ids)."""
         if not self.enabled or not self.seqs:
-            return
+            return False
         picked: list[tuple[int, int]] = []  # (sequence, end)
         n = len(self.seqs)
         for _ in range(min(self.per_call, n)):
@@ -218,9 +228,10 @@ class TextsAhead:
             if end > self.done[i]:
                 picked.append((i, end))
         if not picked:
-            return
+            return False
         ids = [self.seqs[i].output_ids[self.done[i] : end] for i, end in picked]
         texts = self._decode([i for i, _ in picked], ids)
+        kept = False
         for (i, end), part, text in zip(picked, ids, texts, strict=True):
             if text is None:
                 self._forget(i)
@@ -229,6 +240,8 @@ class TextsAhead:
                 self.num_decoded += end - self.done[i]
                 self.done[i] = end
                 self.started[i] = self.started[i] or self.rule is None or self.rule.starts(part)
+                kept = True
+        return kept
 
     def _decode(self, which: list[int], ids: list[list[int]]) -> list[str | None]:
         """Each `ids[k]`'s text as a part of sequence `which[k]`, in one backend call."""

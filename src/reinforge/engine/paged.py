@@ -168,8 +168,8 @@ class PagedEngine:
         inflight: LaunchedStep | None = None
         while True:
             ahead = self._launch_ahead(scheduler, inflight, params, timers)
-            if ahead is not None:  # two steps queued: the host has time before the first ends
-                texts.advance()
+            if ahead is not None:  # two steps queued: texts while the first is not done
+                texts.advance_while(inflight.ready)
             if inflight is not None:
                 self._commit(scheduler, inflight, finish_reason, timers)
                 beat()  # a decode step is progress for the hang watchdog

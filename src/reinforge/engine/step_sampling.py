@@ -37,6 +37,10 @@ class LaunchedStep:
     routes: torch.Tensor | None = None
     route_spans: list[tuple[list[Sequence], int, int]] | None = None
 
+    def ready(self) -> bool:
+        """Whether `result` would return without waiting for the device (none: always)."""
+        return self.event is None or self.event.query()
+
     def result(self) -> tuple[list[int], list[float]]:
         if self.event is not None:
             self.event.synchronize()
