@@ -334,6 +334,19 @@ LINE_PROFILED = [
     "reinforge.engine.records:HiddenStore._stage",
     "reinforge.engine.records:HiddenStore.flush",
     "reinforge.engine.records:HiddenStore._to_host",
+    # the generation's start: the KV pool back, the prompts' prefill (eager, layer by layer)
+    "reinforge.engine.paged:PagedEngine.generate",
+    "reinforge.engine.model_runner:ModelRunner.restore",
+    "reinforge.engine.model_runner:ModelRunner.begin_generate",
+    "reinforge.engine.model_runner:ModelRunner.run",
+    "reinforge.engine.cuda_graphs:DecodeGraphs.check_params",
+    "reinforge.engine.cuda_graphs:DecodeGraphs.forget_tables",
+    "reinforge.engine.qwen_forward:forward",
+    "reinforge.engine.qwen_forward:attention_block",
+    "reinforge.engine.qwen_forward:mlp_block",
+    "reinforge.engine.varlen:prefill_varlen",
+    "reinforge.engine.varlen:varlen_causal",
+    "reinforge.engine.eager_inputs:prefill",
 ]
 
 
