@@ -203,12 +203,13 @@ def accumulation(model: torch.nn.Module, unsharded: bool) -> Iterator:
             unit.set_reshard_after_forward(unit is not root, recurse=False)
 
 
-def clip_grad_norm(parameters, max_norm: float) -> float:
+def clip_grad_norm(parameters, max_norm: float, as_tensor: bool = False):
     """`torch.nn.utils.clip_grad_norm_` whose result is the global norm, also over DTensor shards
-    (the same number on every rank)."""
+    (the same number on every rank); `as_tensor`: on the device, not read back."""
     norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
     full_tensor = getattr(norm, "full_tensor", None)
-    return float(full_tensor() if full_tensor is not None else norm)
+    norm = full_tensor() if full_tensor is not None else norm
+    return norm if as_tensor else float(norm)
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:

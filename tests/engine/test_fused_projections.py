@@ -124,3 +124,28 @@ def test_load_model_lays_the_groups_out(micro_dir):
     model = load_model(str(micro_dir), torch.device("cpu"), torch.float32)
     mlp = model.model.layers[0].mlp
     assert layout.fused_weight([mlp.gate_proj, mlp.up_proj]) is not None
+
+
+def test_fused_weight_answers_again_from_its_cache_until_a_parameter_changes(micro_dir, tokenizer):
+    """Asked again, the spans are the same views (made anew, no tensor kept by the cache); a
+    parameter replaced, moved or laid out anew changes the answer."""
+    plain, laid = fused_pair("qwen2", micro_dir, tokenizer)
+    attn = laid.model.layers[0].self_attn
+    mods = [attn.q_proj, attn.k_proj, attn.v_proj]
+    first, again = layout.fused_weight(mods), layout.fused_weight(mods)
+    for a, b in zip(first, again):
+        assert a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+        assert torch.equal(a, b)
+    assert not any(isinstance(v[1], torch.Tensor) for v in layout._SPANS.values())
+    # k's weight replaced by a copy elsewhere: no longer back to back
+    attn.k_proj.weight = torch.nn.Parameter(attn.k_proj.weight.detach().clone())
+    assert layout.fused_weight(mods) is None
+    assert layout.fuse_projections(laid) > 0  # laid out again: one tensor once more
+    mods = [attn.q_proj, attn.k_proj, attn.v_proj]
+    again = layout.fused_weight(mods)
+    assert again is not None and again[0].data_ptr() == attn.q_proj.weight.data_ptr()
+    torch.testing.assert_close(
+        again[0], torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+    )
+    plain_attn = plain.model.layers[0].self_attn
+    assert layout.fused_weight([plain_attn.q_proj, plain_attn.k_proj, plain_attn.v_proj]) is None

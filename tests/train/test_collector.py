@@ -83,3 +83,67 @@ def test_held_makes_no_automatic_collection_and_collect_runs_one():
     finally:
         gc.callbacks.remove(count)
         collector.close()
+
+
+class Box:
+    pass
+
+
+def test_deferred_objects_live_until_the_next_collect():
+    """`defer` keeps a step's objects past the step, to free them in the next step's `collect`
+    (while the device runs the update), not where their last reference goes."""
+    import weakref
+
+    collector = Collector()
+    try:
+        box = Box()
+        ref = weakref.ref(box)
+        collector.defer(box, [1, 2, 3])
+        del box
+        assert ref() is not None
+        collector.collect()
+        assert ref() is None
+        kept = Box()
+        ref = weakref.ref(kept)
+        collector.defer(kept)
+        del kept
+        collector.close()  # a run's end frees them too
+        assert ref() is None
+    finally:
+        collector.close()
+
+
+def test_an_rl_step_hands_its_rollout_to_defer(tmp_path):
+    """The step's groups, trajectories and batch go to `defer` after the update: alive after
+    `rl_step` returns, freed by the collector's next `collect`."""
+    import weakref
+
+    from reinforge.checkpoint import TrainerState
+    from reinforge.train.loop import rl
+
+    from .test_rl_loop import DigitTasks, NullLogger, make_learner, micro_step_config
+
+    cfg = micro_step_config("algorithm.kl_coef=0", "train.micro_batch_tokens=64")
+    learner = make_learner(cfg, tmp_path)
+    collector = Collector()
+    try:
+        rl.rl_step(
+            cfg,
+            learner,
+            DigitTasks(cfg.task),
+            TrainerState("rl", 0, 0),
+            1,
+            NullLogger(),
+            while_busy=collector.collect,
+            defer=collector.defer,
+        )
+        [(sampled, groups, batch)] = collector._deferred
+        trajectory = groups[0].trajectories[0]
+        assert len(sampled) == 4 and batch is not None
+        refs = [weakref.ref(trajectory), weakref.ref(batch)]
+        del sampled, groups, batch, trajectory
+        assert all(r() is not None for r in refs)
+        collector.collect()
+        assert all(r() is None for r in refs)
+    finally:
+        collector.close()

@@ -226,3 +226,51 @@ def test_while_busy_runs_once_with_every_gradient_in_and_before_the_optimizer_st
     assert len(seen) == 2 and seen[1] > 0.0
     # the same gradient the optimizer then took (nothing changed it in between)
     assert sum(float(g.abs().sum()) for g in learner.optimizer.grads) == pytest.approx(seen[1])
+
+
+@pytest.mark.parametrize("case", ["finite", "zero", "not finite"])
+def test_a_step_skipped_on_the_device_decides_as_the_host_does(tmp_path, case):
+    """With torch's fused AdamW the skip (a gradient not finite, or all zero) is a flag the
+    kernel reads on the device, the norm read back after the step is queued: the same weights,
+    optimizer state and metrics as the host's decision (the CPU has the fused kernel too)."""
+    from reinforge.train.loop.update import optimizer_step, skips_on_device
+
+    cfg = micro_step_config("algorithm.kl_coef=0", "train.micro_batch_tokens=64")
+    results = []
+    for fused in (False, True):
+        learner = make_learner(cfg, tmp_path / str(fused))
+        optimizer = learner.optimizer
+        if fused:
+            for group in optimizer.param_groups:
+                group["fused"], group["foreach"] = True, False
+            optimizer.defaults["fused"] = True
+        assert skips_on_device(optimizer) == fused
+        params = [p for p in learner.policy.model.parameters() if p.requires_grad]
+        generator = torch.Generator().manual_seed(0)
+        for _ in range(2):  # a first step, then the case
+            for p in params:
+                p.grad = torch.randn(p.shape, generator=generator) * 1e-2
+            first = optimizer_step(cfg, learner)
+        assert first["nonfinite_skipped"] == 0.0 and first["grad_norm"] > 0.0
+        before = [p.detach().clone() for p in params]
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=generator) * 1e-2
+            if case == "zero":
+                p.grad.zero_()
+        if case == "not finite":
+            params[3].grad[0, 0] = float("nan")
+        metrics = optimizer_step(cfg, learner)
+        moved = any(not torch.equal(b, p.detach()) for b, p in zip(before, params))
+        assert moved == (case == "finite")
+        assert metrics["nonfinite_skipped"] == (1.0 if case == "not finite" else 0.0)
+        steps = {float(optimizer.state[p]["step"]) for p in params}
+        assert steps == {3.0 if case == "finite" else 2.0}, steps  # a skip does not count
+        results.append((metrics, [p.detach().clone() for p in params]))
+    (host, host_params), (device, device_params) = results
+    assert host.keys() == device.keys()
+    if case == "not finite":
+        assert host["grad_norm"] != host["grad_norm"] and device["grad_norm"] != device["grad_norm"]
+    else:
+        assert device["grad_norm"] == pytest.approx(host["grad_norm"], rel=1e-5)
+    for a, b in zip(host_params, device_params):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

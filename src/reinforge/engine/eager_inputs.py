@@ -21,17 +21,21 @@ from reinforge.engine.sequence import Sequence
 
 def prefill(seqs: list[Sequence], block_size: int, device, with_cu_seqlens: bool):
     """(input ids, positions, attention metadata, logits indices) of a prefill: each sequence's
-    uncached tokens; `with_cu_seqlens`: the packed kernels' cumulative lengths too."""
-    input_ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    query_lens: list[int] = []
-    for seq in seqs:
-        start, end = seq.num_cached_tokens, seq.num_tokens
-        input_ids += seq.token_ids[start:end]
-        positions += range(start, end)
-        slots += (seq.slot(p, block_size) for p in range(start, end))
-        query_lens.append(end - start)
+    uncached tokens; `with_cu_seqlens`: the packed kernels' cumulative lengths too. The ids,
+    positions and slots go over in one copy, built in numpy (G1's 4096 prompt tokens: a Python
+    call per slot and three list conversions were ~2 ms of host time with the device idle)."""
+    query_lens = [seq.num_tokens - seq.num_cached_tokens for seq in seqs]
+    rows = np.empty((3, sum(query_lens)), dtype=np.int64)  # ids, positions, slots
+    at = 0
+    for seq, n in zip(seqs, query_lens):
+        start = seq.num_cached_tokens
+        positions = np.arange(start, start + n, dtype=np.int64)
+        pages = np.asarray(seq.block_table, dtype=np.int64)[positions // block_size]
+        rows[0, at : at + n] = seq.token_ids[start:]
+        rows[1, at : at + n] = positions
+        rows[2, at : at + n] = pages * block_size + positions % block_size
+        at += n
+    rows_dev = torch.from_numpy(rows).to(device, non_blocking=True)
     cu_seqlens = None
     if with_cu_seqlens:
         cu = torch.tensor([0, *query_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
@@ -39,15 +43,15 @@ def prefill(seqs: list[Sequence], block_size: int, device, with_cu_seqlens: bool
     context_lens = [seq.num_tokens for seq in seqs]
     meta = AttentionMetadata(
         is_prefill=True,
-        slot_mapping=longs(slots, device),
+        slot_mapping=rows_dev[2],
         block_tables=page_tables(seqs, device),
         context_lens=longs(context_lens, device),
         query_lens=query_lens,
         context_lens_host=context_lens,
         cu_seqlens=cu_seqlens,
     )
-    logits_indices = longs(torch.tensor(query_lens).cumsum(0) - 1, device)
-    return longs(input_ids, device), longs(positions, device), meta, logits_indices
+    logits_indices = longs(np.cumsum(query_lens) - 1, device)
+    return rows_dev[0], rows_dev[1], meta, logits_indices
 
 
 def decode(seqs: list[Sequence], block_size: int, device):

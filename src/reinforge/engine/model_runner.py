@@ -200,7 +200,7 @@ class ModelRunner(StepSampling):
         if self.graphs is None:
             self._new_graphs()
         else:  # kept (shared mempool): replayed only if the pool came back at its address
-            self.graphs.check_params()
+            # (`begin_generate`, which every caller runs next, checks that: `check_params`)
             self.graphs.forget_tables()  # (every row's page table is sent again)
 
     def grow_pool(self, num_blocks: int) -> None:

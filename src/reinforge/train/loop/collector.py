@@ -41,6 +41,7 @@ class Collector:
         self.seconds = 0.0
         self._start: float | None = None
         self._settled = False
+        self._deferred: list[tuple] = []
         gc.callbacks.append(self._on_collection)
 
     def _on_collection(self, phase: str, info: dict) -> None:
@@ -69,9 +70,19 @@ class Collector:
         finally:
             gc.set_threshold(*thresholds)
 
+    def defer(self, *objects) -> None:
+        """Keep `objects` (a step's rollout: its trajectories, token and logprob lists) alive
+        until the next `collect`, which the next step's update runs while the device is busy:
+        freeing them where their last reference died, between steps or as the next generation
+        restores its pool, kept the device idle (G1: ~260k ints and floats, 5-11 ms a step on
+        an H200 host, s30b)."""
+        self._deferred.append(objects)
+
     def collect(self) -> None:
-        """One full collection now: after `settle` it walks only what the run made since (a step
-        leaves few survivors), before it everything (the first step's update is long anyway)."""
+        """What `defer` kept freed, then one full collection now: after `settle` it walks only
+        what the run made since (a step leaves few survivors), before it everything (the first
+        step's update is long anyway)."""
+        self._deferred.clear()
         gc.collect()
 
     def settle(self) -> None:
@@ -85,6 +96,7 @@ class Collector:
         self.take()
 
     def close(self) -> None:
+        self._deferred.clear()
         if self._on_collection in gc.callbacks:
             gc.callbacks.remove(self._on_collection)
         if self._settled:

@@ -91,7 +91,15 @@ def train(cfg: TrainConfig, ctx: RunContext) -> Summary:
             for step in range(state.step + 1, cfg.run.max_steps + 1):
                 with collector.held():  # collected once, while the device runs the update
                     metrics = rl_step(
-                        cfg, learner, tasks, state, step, logger, rollouts, collector.collect
+                        cfg,
+                        learner,
+                        tasks,
+                        state,
+                        step,
+                        logger,
+                        rollouts,
+                        collector.collect,
+                        collector.defer,
                     )
                 metrics["gc_s"] = collector.take()
                 if step == start_step + 1:  # compiled, captured, allocated: the rest is per step
@@ -139,9 +147,11 @@ def rl_step(
     logger,
     rollouts: LocalRollouts | RemoteRollouts = LOCAL,
     while_busy: Callable[[], None] | None = None,
+    defer: Callable[..., None] | None = None,
 ) -> dict[str, float]:
     """One RL step: the rollout, the step's batch and the update. `while_busy`: host work to do
-    while the device runs the update (`update_policy`)."""
+    while the device runs the update (`update_policy`); `defer`: takes the step's rollout to
+    keep until then in the next step (`Collector.defer`)."""
     start = time.perf_counter()
     totals = engine_totals(learner.policy)
     begin_rollout(learner)  # the engine's records of this rollout, for its update
@@ -182,6 +192,8 @@ def rl_step(
         **train_memory_metrics(learner, generate_peak, metrics.get("graph_capture", 0) > 0),
         **faults.step_metrics(),
     }
+    if defer is not None:
+        defer(sampled, groups, batch)
     return reduce_metrics(metrics, SUMMED_OVER_RANKS | set(EPISODE_SUMS.values()), MAXED_OVER_RANKS)
 
 
