@@ -114,8 +114,9 @@ def test_deferred_objects_live_until_the_next_collect():
 
 
 def test_an_rl_step_hands_its_rollout_to_defer(tmp_path):
-    """The step's groups, trajectories and batch go to `defer` after the update: alive after
-    `rl_step` returns, freed by the collector's next `collect`."""
+    """The step's groups and trajectories (host objects: the batch's device tensors are not
+    kept) go to `defer` after the update: alive after `rl_step` returns, freed by the
+    collector's next `collect`."""
     import weakref
 
     from reinforge.checkpoint import TrainerState
@@ -137,11 +138,11 @@ def test_an_rl_step_hands_its_rollout_to_defer(tmp_path):
             while_busy=collector.collect,
             defer=collector.defer,
         )
-        [(sampled, groups, batch)] = collector._deferred
+        [(sampled, groups)] = collector._deferred
         trajectory = groups[0].trajectories[0]
-        assert len(sampled) == 4 and batch is not None
-        refs = [weakref.ref(trajectory), weakref.ref(batch)]
-        del sampled, groups, batch, trajectory
+        assert len(sampled) == 4
+        refs = [weakref.ref(trajectory), weakref.ref(groups[-1])]
+        del sampled, groups, trajectory
         assert all(r() is not None for r in refs)
         collector.collect()
         assert all(r() is None for r in refs)

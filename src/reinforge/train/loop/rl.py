@@ -192,8 +192,8 @@ def rl_step(
         **train_memory_metrics(learner, generate_peak, metrics.get("graph_capture", 0) > 0),
         **faults.step_metrics(),
     }
-    if defer is not None:
-        defer(sampled, groups, batch)
+    if defer is not None:  # (host objects only: the batch's device tensors go now)
+        defer(sampled, groups)
     return reduce_metrics(metrics, SUMMED_OVER_RANKS | set(EPISODE_SUMS.values()), MAXED_OVER_RANKS)
 
 
