@@ -157,3 +157,19 @@ def test_auto_mode_and_bad_values(micro_dir, tokenizer):
     assert resolve_mode("merged", plain, None, None, 0) == "adapters", "nothing to merge"
     with pytest.raises(ValueError, match=r"lora_generation = 'fused' is unknown.*'merged'"):
         PagedEngine(model, tokenizer, block_size=4, lora_generation="fused")
+
+
+def test_the_graph_key_holds_every_buffer_a_graph_reads(micro_dir, tokenizer):
+    """Released and built again (between generates), the copy's weights may come back at their
+    addresses and a group's joined bias elsewhere: the key (what `DecodeGraphs.check_params`
+    compares) must change then, or kept graphs read the freed bias."""
+    model = with_adapter(build_model("qwen2", micro_dir, tokenizer, seed=2), std=0.1)
+    merged, _ = engines(model, tokenizer)
+    copy = merged.runner.merged
+    merged.generate(PROMPTS, SAMPLED)
+    assert copy.group_biases, "Qwen2's q/k/v biases are joined"
+    key = copy.graph_key()
+    assert len(key) == len(copy.weights) + len(copy.group_biases)
+    first = next(iter(copy.group_biases))
+    copy.group_biases[first] = copy.group_biases[first].clone()  # the same values, elsewhere
+    assert copy.graph_key() != key

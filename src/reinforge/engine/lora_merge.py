@@ -188,8 +188,13 @@ class MergedAdapters:
         return (weight, bias) if bias is not None else None
 
     def graph_key(self) -> tuple:
-        """The buffers' addresses: what a captured graph reads."""
-        return tuple(w.data_ptr() for w in self.weights.values())
+        """The buffers' addresses, the weights' and the groups' joined biases': what a captured
+        graph reads. (Without the biases, a copy released and built again with its weights back
+        at their addresses but a bias elsewhere kept graphs that read the freed bias: NaN
+        sampler logprobs from the second step of the 0.5b shape's LoRA run, s30d, once the pool's
+        restore no longer dropped the graphs on its own.)"""
+        weights = tuple(w.data_ptr() for w in self.weights.values())
+        return weights + tuple(b.data_ptr() for b in self.group_biases.values())
 
     def refresh(self) -> bool:
         """Before a generate: build the copy again if the weights may have changed since the

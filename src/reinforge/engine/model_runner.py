@@ -200,7 +200,12 @@ class ModelRunner(StepSampling):
         if self.graphs is None:
             self._new_graphs()
         else:  # kept (shared mempool): replayed only if the pool came back at its address
-            # (`begin_generate`, which every caller runs next, checks that: `check_params`)
+            # (checked here, before `begin_generate` builds a released LoRA copy again: graphs
+            # over a copy that was released are dropped whatever addresses it comes back at. A
+            # single check after the build kept graphs whose copy's weights returned to their
+            # addresses: right only while the key holds every buffer they read, which it missed
+            # for the joined biases in s30c-d.)
+            self.graphs.check_params()
             self.graphs.forget_tables()  # (every row's page table is sent again)
 
     def grow_pool(self, num_blocks: int) -> None:
