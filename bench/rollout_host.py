@@ -24,7 +24,6 @@ from collections import defaultdict
 from types import SimpleNamespace
 
 import torch
-from transformers import AutoTokenizer
 
 import reinforge.rollout.episodes as episodes
 import reinforge.rollout.trajectories as trajectories
@@ -34,13 +33,17 @@ from reinforge.config.load import load_config
 from reinforge.engine.base import GenerationStats
 from reinforge.engine.detokenize import decode_many
 from reinforge.envs.env_tasks import single_turn_tasks
+from reinforge.models.loading import load_tokenizer
 from reinforge.models.shapes import is_shape, shape_source
 from reinforge.rollout.sources import sample_groups
 from reinforge.tasks import task_source_for
 from reinforge.train.loop.advantage_step import Algorithm, assign_advantages, build_step_batch
+from reinforge.train.loop.update import pack_micro_batch
+from reinforge.train.packing.forward import micro_batches
 from reinforge.types import Completion
 
 TIMES: dict[str, list[float]] = defaultdict(list)
+MICRO_BATCH_TOKENS = [12288]  # G1's on an H200 (the planner's choice there)
 
 
 class CannedEngine:
@@ -97,6 +100,17 @@ def one_step(cfg, policy, tasks, algorithm, step: int) -> None:
     start = time.perf_counter()
     assign_advantages(batch, algorithm, cfg.rollout.max_new_tokens)
     TIMES["advantages"].append(time.perf_counter() - start)
+    # the update's host work before its first micro-batch can be queued: the plan and the first
+    # micro-batch's packed row (the engine's records aside: the canned engine keeps none)
+    start = time.perf_counter()
+    plan = micro_batches(batch.prompts, batch.completions, MICRO_BATCH_TOKENS[0])
+    packed = pack_micro_batch(cfg, batch, plan[0])
+    TIMES["first micro-batch"].append(time.perf_counter() - start)
+    start = time.perf_counter()
+    for idx in plan[1:]:
+        pack_micro_batch(cfg, batch, idx)
+    TIMES[f"the other {len(plan) - 1} packed"].append(time.perf_counter() - start)
+    assert packed.input_ids_L.numel() <= MICRO_BATCH_TOKENS[0]
 
 
 def main() -> None:
@@ -105,11 +119,13 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--cprofile", action="store_true")
+    parser.add_argument("--micro-batch-tokens", type=int, default=MICRO_BATCH_TOKENS[0])
     args = parser.parse_args()
+    MICRO_BATCH_TOKENS[0] = args.micro_batch_tokens
     cfg = load_config(TrainConfig, args.config, args.overrides)
     path = cfg.model.path
     folder = shape_source(path, cfg.run.seed) if is_shape(path) else path
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_tokenizer(str(folder))  # (the trainer's: AutoTokenizer alone misreads a shape's)
     tasks = single_turn_tasks(task_source_for(cfg, tokenizer), cfg.task.rewards)
     engine = CannedEngine(tokenizer, len(tokenizer))
     policy = SimpleNamespace(engine=engine, tokenizer=tokenizer, model=torch.nn.Linear(1, 1))

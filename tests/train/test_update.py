@@ -233,7 +233,7 @@ def test_a_step_skipped_on_the_device_decides_as_the_host_does(tmp_path, case):
     """With torch's fused AdamW the skip (a gradient not finite, or all zero) is a flag the
     kernel reads on the device, the norm read back after the step is queued: the same weights,
     optimizer state and metrics as the host's decision (the CPU has the fused kernel too)."""
-    from reinforge.train.loop.update import optimizer_step, skips_on_device
+    from reinforge.train.loop.optimizer_step import optimizer_step, skips_on_device
 
     cfg = micro_step_config("algorithm.kl_coef=0", "train.micro_batch_tokens=64")
     results = []

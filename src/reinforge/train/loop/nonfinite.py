@@ -1,6 +1,6 @@
 """The non-finite policy: what the run does after a step whose gradient holds NaN or infinity.
 
-The optimizer step itself is skipped wherever the gradient is not finite (`update.optimizer_step`,
+The optimizer step itself is skipped wherever the gradient is not finite (`optimizer_step.optimizer_step`,
 `sft.sft_step`): parameters and optimizer moments stay the previous step's, the schedule and the
 data position advance (the step counts), and the metric `nonfinite_skipped` is 1. This module
 decides whether the run goes on: `train.non_finite = "crash"` fails at the first such step,

@@ -14,7 +14,6 @@ over ranks too: the step is the single-process step of the same global batch.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,7 +25,7 @@ from reinforge.algorithms.value import clipped_value_loss
 from reinforge.config import TrainConfig
 from reinforge.distributed import loss_scale, reduce_metrics
 from reinforge.metrics import console
-from reinforge.sharding import accumulation, clip_grad_norm, in_lockstep
+from reinforge.sharding import accumulation, in_lockstep
 from reinforge.train.loop.advantage_step import StepBatch, select_rows
 from reinforge.train.loop.diagnostics import (
     clip_fractions,
@@ -42,6 +41,7 @@ from reinforge.train.loop.graphs import (
     step_graph,
 )
 from reinforge.train.loop.learner import Learner
+from reinforge.train.loop.optimizer_step import optimizer_step
 from reinforge.train.packing import PackedBatch, pack_one, to_device
 from reinforge.train.packing.forward import completion_sequences, micro_batches, packed_rows
 from reinforge.train.packing.static import PackedShape, pad_packed, pad_rows
@@ -51,7 +51,6 @@ from reinforge.train.policy.moe import (
     router_aux_loss,
     routing_replay_ratio,
 )
-from reinforge.train.policy.optim import advance_schedule
 from reinforge.train.policy.value import head_values
 
 
@@ -189,12 +188,6 @@ def start_grads(cfg: TrainConfig, learner: Learner) -> None:
             learner.grad_bytes_in_mempool = sum(
                 b.numel() * b.element_size() for b in learner.grad_buffers.values()
             )
-
-
-def free_grads(learner: Learner) -> None:
-    """The step's gradients freed (generation gets their memory)."""
-    learner.optimizer.zero_grad(set_to_none=True)
-    learner.grad_buffers = None
 
 
 def combine(key: str, total, value):
@@ -348,66 +341,4 @@ def micro_compute(
     metrics.update(replay_metrics(learner.policy.model))  # before the backward's recompute
     (loss * loss_scale()).backward()
     metrics["kl_sampler"] = mismatch_kl(sampler_ST, rows.logprobs_ST, mask_ST, num_tokens)
-    return metrics
-
-
-def optimizer_step(cfg: TrainConfig, learner: Learner) -> dict[str, float]:
-    """Clip (policy and value head separately), step unless a gradient is not finite or is
-    zero, advance the schedule.
-
-    A zero gradient (every advantage 0 and no KL or entropy term: a batch whose groups all
-    scored alike, as once a policy solves every task) carries no information, yet AdamW would
-    still move every weight along its momentum (about ten steps' worth, summed, after the last
-    real gradient). Measured on configs/tool_calc.toml: a policy that had just reached reward
-    1.0 broke its tool call in one such step, and every group then scoring 0 alike, it never
-    recovered."""
-    max_norm = cfg.optim.max_grad_norm
-    if skips_on_device(learner.optimizer):
-        return _optimizer_step_on_device(learner, max_norm)
-    grad_norm = clip_grad_norm(learner.policy.model.parameters(), max_norm)
-    metrics = {"grad_norm": grad_norm}
-    is_finite = math.isfinite(grad_norm)
-    has_gradient = grad_norm > 0.0
-    if learner.value_head is not None:
-        value_norm = torch.nn.utils.clip_grad_norm_(learner.value_head.parameters(), max_norm)
-        metrics["value_grad_norm"] = float(value_norm)
-        is_finite = is_finite and math.isfinite(metrics["value_grad_norm"])
-        has_gradient = has_gradient or metrics["value_grad_norm"] > 0.0
-    if is_finite and has_gradient:
-        learner.optimizer.step()
-    metrics["nonfinite_skipped"] = 0.0 if is_finite else 1.0  # parameters untouched
-    free_grads(learner)
-    advance_schedule(learner.scheduler)
-    return metrics
-
-
-def skips_on_device(optimizer) -> bool:
-    """Whether the optimizer can skip its step on the device (torch's fused Adam/AdamW reads a
-    `found_inf` flag there, as it does for a grad scaler)."""
-    return isinstance(optimizer, torch.optim.Adam) and bool(optimizer.defaults.get("fused"))
-
-
-def _optimizer_step_on_device(learner: Learner, max_norm: float) -> dict[str, float]:
-    """`optimizer_step` with the skip decided on the device: the step is queued behind the
-    gradient norms with a flag (not finite, or every norm 0) that the fused kernel reads, and
-    the norms are read back after, so the device does not wait for the host between the norm
-    and the step (G1: 4-5 ms idle there a step, s30a)."""
-    norms = [clip_grad_norm(learner.policy.model.parameters(), max_norm, as_tensor=True)]
-    if learner.value_head is not None:
-        norms.append(torch.nn.utils.clip_grad_norm_(learner.value_head.parameters(), max_norm))
-    stacked = torch.stack([n.float() for n in norms])
-    skip = ~torch.isfinite(stacked).all() | (stacked == 0).all()
-    optimizer = learner.optimizer
-    optimizer.found_inf = skip.float()
-    try:
-        optimizer.step()
-    finally:
-        del optimizer.found_inf
-    values = stacked.tolist()
-    metrics = {"grad_norm": values[0]}
-    if learner.value_head is not None:
-        metrics["value_grad_norm"] = values[1]
-    metrics["nonfinite_skipped"] = 0.0 if all(math.isfinite(v) for v in values) else 1.0
-    free_grads(learner)
-    advance_schedule(learner.scheduler)
     return metrics
