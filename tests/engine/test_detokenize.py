@@ -108,6 +108,18 @@ class Growing:
             self.output_ids.append(-1)  # PENDING: never decoded
 
 
+def grow_and_decode(tokenizer, ahead: TextsAhead, seqs: list[Growing], steps: int) -> list[str]:
+    """`steps` decode steps with `advance` after each; the texts equal `decode` of the whole
+    ids (asserted), which are returned."""
+    for t in range(1, steps + 1):
+        for seq in seqs:
+            seq.step(t)
+        ahead.advance()
+    want = [tokenizer.decode(seq.all, skip_special_tokens=True) for seq in seqs]
+    assert ahead.texts() == want
+    return want
+
+
 def text_ids(tokenizer, rng: random.Random, length: int) -> list[int]:
     """Ids of mixed text (multi-byte characters cut across the one-byte tokens), raw bytes that
     are no UTF-8 and special tokens."""
@@ -142,12 +154,7 @@ def test_texts_decoded_during_the_loop_equal_decode(build, chunk):
         seqs.append(Growing(ids, length))
     ahead = TextsAhead(tokenizer, seqs, per_call=5, chunk=chunk)
     assert ahead.partial  # byte-level (the tiny tokenizer) and token-wise (the word one)
-    for t in range(1, 91):
-        for seq in seqs:
-            seq.step(t)
-        ahead.advance()
-    want = [tokenizer.decode(seq.all, skip_special_tokens=True) for seq in seqs]
-    assert ahead.texts() == want
+    want = grow_and_decode(tokenizer, ahead, seqs, 90)
     assert any("\ufffd" in w for w in want) == is_byte_level(tokenizer)  # cut bytes were there
     total = sum(seq.length for seq in seqs)
     assert ahead.num_decoded > total // 2  # most were decoded before the end
@@ -270,12 +277,7 @@ def test_token_wise_decoders_parts_join_to_the_whole_text(name, chunk):
         seqs.append(Growing(ids[:length], length))
     ahead = TextsAhead(tokenizer, seqs, per_call=7, chunk=chunk)
     assert ahead.partial == tokenwise
-    for t in range(1, 71):
-        for seq in seqs:
-            seq.step(t)
-        ahead.advance()
-    want = [tokenizer.decode(seq.all, skip_special_tokens=True) for seq in seqs]
-    assert ahead.texts() == want
+    want = grow_and_decode(tokenizer, ahead, seqs, 70)
     assert len(set(want)) > 10
     if tokenwise:
         assert any(len(parts) > 2 for parts in ahead.parts)  # in parts, not whole at the end
