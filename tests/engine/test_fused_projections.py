@@ -149,3 +149,23 @@ def test_fused_weight_answers_again_from_its_cache_until_a_parameter_changes(mic
     )
     plain_attn = plain.model.layers[0].self_attn
     assert layout.fused_weight([plain_attn.q_proj, plain_attn.k_proj, plain_attn.v_proj]) is None
+
+
+def test_separate_tensors_at_a_spans_addresses_are_no_span(micro_dir, tokenizer):
+    """q, k and v given storages of their own that sit back to back at the laid-out tensor's very
+    addresses (as a move away and back can place them), in the same parameter objects: no span
+    (a cached span would be a view past the first one's storage)."""
+    _, laid = fused_pair("qwen2", micro_dir, tokenizer)
+    attn = laid.model.layers[0].self_attn
+    mods = [attn.q_proj, attn.k_proj, attn.v_proj]
+    span = layout.fused_weight(mods)
+    assert span is not None  # cached as a span
+    memory = span[0].detach().numpy()  # the laid-out tensor's memory, kept alive by `span`
+    start = 0
+    for m in mods:
+        rows = m.weight.shape[0]
+        m.weight.data = torch.from_numpy(memory[start : start + rows])  # a storage of its own
+        start += rows
+    offsets = [0, attn.q_proj.out_features, attn.q_proj.out_features + attn.k_proj.out_features]
+    assert [m.weight.data_ptr() for m in mods] == [span[0][r].data_ptr() for r in offsets]
+    assert layout.fused_weight(mods) is None

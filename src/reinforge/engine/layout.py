@@ -94,7 +94,9 @@ def fused_weight(mods: list[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tenso
     if any(type(p) is not torch.nn.Parameter and type(p) is not torch.Tensor for p in params):
         return _fused_weight(mods)  # (a DTensor shard, ...: worked out each time)
     key = tuple(map(id, mods))
-    now = tuple((id(p), p.data_ptr(), p.shape, p.stride(), p.dtype) for p in params)
+    # (the storage too: separate tensors allocated back to back, as after a move away and
+    # back, have the same addresses as one laid-out tensor but are no span)
+    now = tuple((id(p), p.data_ptr(), p.shape, p.stride(), p.dtype, _storage(p)) for p in params)
     held = _SPANS.get(key)
     if held is None or held[0] != now:
         answer = _fused_weight(mods)
@@ -114,6 +116,11 @@ def fused_weight(mods: list[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tenso
     weight = first.weight.detach().as_strided(w_shape, w_stride)
     bias = None if b_shape is None else first.bias.detach().as_strided(b_shape, (1,))
     return weight, bias
+
+
+def _storage(p: torch.Tensor) -> tuple[int, int]:
+    storage = p.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()
 
 
 def _fused_weight(mods: list[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
