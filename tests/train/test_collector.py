@@ -107,8 +107,14 @@ def test_deferred_objects_live_until_the_next_collect():
         ref = weakref.ref(kept)
         collector.defer(kept)
         del kept
+        boxes = [Box() for _ in range(3)]
+        refs = [weakref.ref(b) for b in boxes]
+        for b in boxes:  # three steps with no `collect` between: only the last two are kept
+            collector.defer(b)
+        del boxes, b
+        assert [r() is None for r in refs] == [True, False, False]
         collector.close()  # a run's end frees them too
-        assert ref() is None
+        assert ref() is None and all(r() is None for r in refs)
     finally:
         collector.close()
 

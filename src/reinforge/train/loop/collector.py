@@ -76,6 +76,8 @@ class Collector:
         freeing them where their last reference died, between steps or as the next generation
         restores its pool, kept the device idle (G1: ~260k ints and floats, 5-11 ms a step on
         an H200 host, s30b)."""
+        if len(self._deferred) >= 2:  # (no update ran `collect` since: free the oldest now)
+            self._deferred.pop(0)
         self._deferred.append(objects)
 
     def collect(self) -> None:
