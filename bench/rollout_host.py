@@ -125,7 +125,8 @@ def main() -> None:
     cfg = load_config(TrainConfig, args.config, args.overrides)
     path = cfg.model.path
     folder = shape_source(path, cfg.run.seed) if is_shape(path) else path
-    tokenizer = load_tokenizer(str(folder))  # (the trainer's: AutoTokenizer alone misreads a shape's)
+    # the trainer's loader: AutoTokenizer alone misreads a shape's word tokenizer
+    tokenizer = load_tokenizer(str(folder))
     tasks = single_turn_tasks(task_source_for(cfg, tokenizer), cfg.task.rewards)
     engine = CannedEngine(tokenizer, len(tokenizer))
     policy = SimpleNamespace(engine=engine, tokenizer=tokenizer, model=torch.nn.Linear(1, 1))
