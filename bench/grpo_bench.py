@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -173,9 +174,32 @@ def summarise(
         # between steps included); `step_s` is the step's own
         summary["steady_iteration_s"] = round(med("iteration_s"), 3)
     summary.update(per_gpu(summary, layout, flops_per_token * computed))
+    summary.update(numerics(rows))
     if "rollout_staleness" in rows[0]:
         summary["staleness"] = [r["rollout_staleness"] for r in rows]
     return summary
+
+
+# on policy the engine's sampler and the trainer compute the same logprobs up to bf16 rounding
+# (G1: kl_sampler ~1e-9); above this the figures come from a run whose numbers are broken
+KL_SAMPLER_LIMIT = 0.05
+
+
+def numerics(rows: list[dict]) -> dict:
+    """The run's largest `kl_sampler`, and a `numerics` message where a step's is not finite or
+    over `KL_SAMPLER_LIMIT` (s30c-d: a LoRA run's NaN was seen only by a GPU test)."""
+    kls = [(r["step"], r["kl_sampler"]) for r in rows if "kl_sampler" in r]
+    if not kls:
+        return {}
+    bad = [(step, kl) for step, kl in kls if not math.isfinite(kl) or abs(kl) > KL_SAMPLER_LIMIT]
+    if not bad:
+        return {"kl_sampler_max": max(abs(kl) for _, kl in kls)}
+    step, kl = bad[0]
+    return {
+        "numerics": f"kl_sampler {kl} at step {step} ({len(bad)} of {len(kls)} steps not finite "
+        f"or over {KL_SAMPLER_LIMIT}): the sampler and the trainer disagree, the figures are "
+        "a broken run's"
+    }
 
 
 def model_params(shape: dict) -> int:
@@ -284,6 +308,8 @@ def run_workload(name: str, a, num_gpus: int, out: Path, results: dict) -> None:
         runs[layout.label] = r
         (out / "grpo_bench.json").write_text(json.dumps(results, indent=1))
         print(name, layout.label, json.dumps(r), flush=True)
+        if "numerics" in r:
+            print(f"{name} {layout.label}: NUMERICS: {r['numerics']}", flush=True)
         print(HEADER.splitlines()[0] + "\n" + table_row(name, layout.label, r), flush=True)
         for also in a.also if layout.nproc == 1 else []:
             variant = run_reinforge(name, w, a.steps, out, 0, also.split(), None, a.run_timeout)
